@@ -1,0 +1,23 @@
+"""Simulator adapters (MuJoCo, Newton, PhysX) and the :class:`MotionAdapter` protocol.
+
+Each adapter module is imported on first use (``ke.adapters.mujoco``), so optional engines are only
+needed when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import MotionAdapter, require
+
+__all__ = ["MotionAdapter", "require", "mujoco", "newton", "physx"]
+
+_LAZY = {"mujoco", "newton", "physx"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'kangengine.adapters' has no attribute {name!r}")

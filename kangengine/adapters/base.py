@@ -1,0 +1,69 @@
+"""The `MotionAdapter` protocol: how a simulator adapter plugs into :class:`~kangengine.animation.MotionLibrary`.
+
+An adapter converts canonical motion (DESIGN.md §3: WXYZ, world-frame free-root velocities,
+parent-frame ball velocities) into one simulator's native buffers and back. Inside a library it is used
+in two steps:
+
+1. **Registration** (once per clip, numpy): ``prepare_motion(motion, skeleton_motion=...)`` returns a
+   dict of per-frame native arrays, each ``[frames, ...]`` float. The library packs them frame-major into
+   torch tensors next to its canonical buffers (``packed_buffers().backend``).
+2. **Sampling** (every control step, torch, no Python loop over environments, no host sync): the library
+   gathers the two neighbouring frames of every query, ``frames0[name][n, ...]`` and
+   ``frames1[name][n, ...]``, and calls ``pack_sample(frames0, frames1, blend, root_offset=...)`` with
+   ``blend [n]`` in ``[0, 1]`` (0 gives ``frames0``) and an optional world translation ``root_offset
+   [n, 3]`` (the library's loop displacement) to add to the root position. The result, a dataclass of
+   tensors on the same device, becomes ``sample.backend_state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["MotionAdapter", "require"]
+
+
+@runtime_checkable
+class MotionAdapter(Protocol):
+    """What :class:`~kangengine.animation.MotionLibrary` needs from a simulator adapter."""
+
+    #: the canonical coordinate layout the adapter converts from
+    layout: Any
+
+    def prepare_motion(self, motion, *, skeleton_motion=None) -> dict:
+        """Per-frame native arrays for one clip.
+
+        Args:
+            motion: the clip as registered: an ``ArticulationMotion`` (its ``q``/``qd`` can be reused) or a
+                ``SkeletonMotion`` on the layout's skeleton.
+            skeleton_motion: the canonical ``SkeletonMotion`` the library stores for this clip.
+        Returns:
+            ``{name: ndarray [frames, ...]}``, float32 or float64, every array with the same frame count.
+        """
+        ...
+
+    def pack_sample(self, frames0: dict, frames1: dict, blend, *, root_offset=None):
+        """Blend two gathered native frames into a backend state.
+
+        Args:
+            frames0, frames1: ``{name: Tensor [n, ...]}`` as produced by :meth:`prepare_motion`, gathered.
+            blend: ``[n]`` tensor, weight of ``frames1``.
+            root_offset: optional ``[n, 3]`` world translation added to the root position.
+        Returns:
+            A dataclass of ``[n, ...]`` tensors on the input device (e.g. ``qpos``/``qvel`` for MuJoCo).
+        """
+        ...
+
+
+def require(module: str, extra: str):
+    """Import an optional backend lazily; :class:`~kangengine.errors.MissingDependencyError` naming the
+    extra to install otherwise (``pip install -e ".[newton]"``)."""
+    import importlib
+
+    from ..errors import MissingDependencyError
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the optional dependency {module!r} is not installed; install KangEngine with the "
+            f"'{extra}' extra: pip install -e \".[{extra}]\"", item=module) from exc

@@ -1,0 +1,11 @@
+"""Skeletons, coordinate layouts, articulation motion and the shared forward kinematics."""
+
+from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinematics
+from .motion import ArticulationMotion, load_articulation_motion_npz, save_articulation_motion_npz
+from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
+
+__all__ = [
+    "ArticulationCoordinateLayout", "CoordinateBlock", "forward_kinematics",
+    "ArticulationMotion", "save_articulation_motion_npz", "load_articulation_motion_npz",
+    "SkeletonTree", "SkeletonState", "SkeletonMotion",
+]

@@ -1,0 +1,430 @@
+"""`ArticulationCoordinateLayout`: how an articulation's generalized coordinates ``q`` and velocities
+``qd`` are laid out, and the manifold maps between them.
+
+Blocks (one per joint, in body order then joint order):
+
+=========  =================================  =====  =======================================  =====
+joint      ``q``                              dim    ``qd``                                   dim
+=========  =================================  =====  =======================================  =====
+FIXED      none                               0      none                                     0
+HINGE      angle (rad)                        1      angular velocity (rad/s)                 1
+SLIDE      position (m)                       1      linear velocity (m/s)                    1
+BALL       quaternion (w, x, y, z)            4      angular velocity (x, y, z), parent frame 3
+FREE       position (x, y, z) + quaternion    7      linear velocity of the root body origin  6
+           (w, x, y, z), both in world               in world + angular velocity in world
+=========  =================================  =====  =======================================  =====
+
+Canonical tangent convention: rotations update by *left* multiplication, ``quat <- exp(w dt) * quat``,
+with ``w`` in the parent frame (the world for the free root); translations add. ``integrate`` applies
+that update and ``difference`` is its exact inverse. Hinge and slide values mean what MuJoCo's ``qpos``
+means: the joint is at its modelled pose when its value equals the joint's ``ref``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..asset.desc import ArticulationDesc, JointType
+from ..errors import ShapeError, UnknownNameError
+from .kinematics import BodyKinematics, JointStep, TreePlan
+
+__all__ = ["CoordinateBlock", "ArticulationCoordinateLayout", "forward_kinematics"]
+
+
+@dataclass(frozen=True)
+class CoordinateBlock:
+    """One joint's slice of ``q`` and ``qd``.
+
+    Attributes:
+        joint_name: the joint's name (a free root added by the layout is named ``{root body}_free``).
+        joint_type: :class:`~kangengine.asset.JointType`.
+        body_index, body_name: the body the joint moves (index into ``layout.body_names``).
+        q_offset, q_dim, qd_offset, qd_dim: slices ``q[..., q_offset:q_offset+q_dim]`` and
+            ``qd[..., qd_offset:qd_offset+qd_dim]``.
+        axis: unit axis in the body frame (hinge, slide), else ``None``.
+        anchor: joint position in the body frame (m).
+        limits: ``(lower, upper)`` when limited, else ``None`` (ball: ``(0, max_angle)``).
+        ref: the value at the modelled pose (hinge, slide), else 0.
+    """
+
+    joint_name: str
+    joint_type: JointType
+    body_index: int
+    body_name: str
+    q_offset: int
+    q_dim: int
+    qd_offset: int
+    qd_dim: int
+    axis: tuple[float, float, float] | None
+    anchor: tuple[float, float, float]
+    limits: tuple[float, float] | None
+    ref: float
+
+    @property
+    def q_slice(self) -> slice:
+        return slice(self.q_offset, self.q_offset + self.q_dim)
+
+    @property
+    def qd_slice(self) -> slice:
+        return slice(self.qd_offset, self.qd_offset + self.qd_dim)
+
+
+def _num(x: float) -> str:
+    return f"{float(x) + 0.0:.9g}"
+
+
+@dataclass(frozen=True, eq=False)
+class ArticulationCoordinateLayout:
+    """Ordered coordinate blocks of an articulation plus the rest transforms forward kinematics needs.
+
+    Build it with :meth:`from_data`. Attributes:
+        blocks: tuple of :class:`CoordinateBlock`.
+        body_names: bodies in the loader's order (parent first).
+        parent_indices: ``[bodies]`` parent index, -1 for the root.
+        rest_positions: ``[bodies, 3] float64`` m, translation of ``parent_from_body`` (root: in world).
+        rest_rotations_wxyz: ``[bodies, 4] float64``, rotation of ``parent_from_body``.
+        free_root: whether the root has a FREE block (always ``blocks[0]`` then).
+        nq, nv: sizes of ``q`` and ``qd``.
+        model_signature: 16 hex digits of SHA-256 over a canonical text of: body names, parent indices,
+            rest positions and rotations, and for every block its joint name, type, body, offsets, axis,
+            anchor, ref and limits (numbers at 9 significant digits). Equal signatures mean ``q`` means
+            the same thing in both layouts.
+        source: the file the description came from.
+    """
+
+    blocks: tuple[CoordinateBlock, ...]
+    body_names: tuple[str, ...]
+    parent_indices: tuple[int, ...]
+    rest_positions: np.ndarray
+    rest_rotations_wxyz: np.ndarray
+    free_root: bool
+    nq: int
+    nv: int
+    model_signature: str
+    source: str | None = None
+
+    # -- construction ---------------------------------------------------------------------------------
+    @classmethod
+    def from_data(cls, *, data: ArticulationDesc, free_root: bool = True) -> ArticulationCoordinateLayout:
+        """Lay out the coordinates of ``data``.
+
+        Args:
+            data: the articulation (any loader, any order; the layout keeps its body order).
+            free_root: ``True``: the root body gets a FREE block first (the file's free/floating joint
+                when it has one, else one added and named ``{root}_free``). ``False``: the root stays
+                at its modelled pose; a free joint in the file is dropped.
+        """
+        blocks: list[CoordinateBlock] = []
+        qo = vo = 0
+
+        def add(name, jt, b, axis, anchor, limits, ref):
+            nonlocal qo, vo
+            blocks.append(CoordinateBlock(
+                joint_name=name, joint_type=jt, body_index=b, body_name=data.bodies[b].name,
+                q_offset=qo, q_dim=jt.nq, qd_offset=vo, qd_dim=jt.nv,
+                axis=None if axis is None else tuple(float(a) for a in axis),
+                anchor=tuple(float(a) for a in anchor), limits=limits, ref=float(ref)))
+            qo += jt.nq
+            vo += jt.nv
+
+        root = 0
+        root_joints = [data.joints[j] for j in data.bodies[root].joints]
+        has_free = bool(root_joints) and root_joints[0].type is JointType.FREE
+        if free_root:
+            name = root_joints[0].name if has_free else f"{data.bodies[root].name}_free"
+            if not has_free and name in data.joint_names:
+                name = f"{name}_joint"
+            add(name, JointType.FREE, root, None, (0.0, 0.0, 0.0), None, 0.0)
+        for b, body in enumerate(data.bodies):
+            for j in body.joints:
+                jd = data.joints[j]
+                if jd.type is JointType.FREE:
+                    continue  # used above (free_root) or dropped
+                scalar = jd.type in (JointType.HINGE, JointType.SLIDE)
+                add(jd.name, jd.type, b, jd.axis if scalar else None, jd.anchor, jd.range,
+                    jd.ref if scalar else 0.0)
+        rest_p = np.array([b.pos for b in data.bodies], dtype=np.float64)
+        rest_r = np.array([b.quat_wxyz / np.linalg.norm(b.quat_wxyz) for b in data.bodies], dtype=np.float64)
+        parents = tuple(int(b.parent) for b in data.bodies)
+        names = tuple(b.name for b in data.bodies)
+        sig = _signature(names, parents, rest_p, rest_r, blocks, free_root)
+        rest_p.setflags(write=False)
+        rest_r.setflags(write=False)
+        return cls(blocks=tuple(blocks), body_names=names, parent_indices=parents, rest_positions=rest_p,
+                   rest_rotations_wxyz=rest_r, free_root=free_root, nq=qo, nv=vo, model_signature=sig,
+                   source=data.source)
+
+    # -- names and limits ------------------------------------------------------------------------------
+    @property
+    def num_bodies(self) -> int:
+        return len(self.body_names)
+
+    @property
+    def joint_names(self) -> tuple[str, ...]:
+        return tuple(b.joint_name for b in self.blocks)
+
+    @cached_property
+    def dof_names(self) -> tuple[str, ...]:
+        """``[nv]`` names: hinge/slide: the joint name; ball: ``{joint}_rx/_ry/_rz``; free:
+        ``{joint}_tx/_ty/_tz/_rx/_ry/_rz``."""
+        out = []
+        for b in self.blocks:
+            if b.joint_type is JointType.FREE:
+                out += [f"{b.joint_name}_{s}" for s in ("tx", "ty", "tz", "rx", "ry", "rz")]
+            elif b.joint_type is JointType.BALL:
+                out += [f"{b.joint_name}_{s}" for s in ("rx", "ry", "rz")]
+            elif b.qd_dim == 1:
+                out.append(b.joint_name)
+        return tuple(out)
+
+    @cached_property
+    def q_names(self) -> tuple[str, ...]:
+        """``[nq]`` names: free: ``{joint}_x/_y/_z/_qw/_qx/_qy/_qz``; ball: ``{joint}_qw..qz``."""
+        out = []
+        for b in self.blocks:
+            if b.joint_type is JointType.FREE:
+                out += [f"{b.joint_name}_{s}" for s in ("x", "y", "z", "qw", "qx", "qy", "qz")]
+            elif b.joint_type is JointType.BALL:
+                out += [f"{b.joint_name}_{s}" for s in ("qw", "qx", "qy", "qz")]
+            elif b.q_dim == 1:
+                out.append(b.joint_name)
+        return tuple(out)
+
+    @cached_property
+    def dof_lower(self) -> np.ndarray:
+        """``[nv] float64``: lower limit of each hinge/slide DOF (-inf where unlimited or not scalar)."""
+        return self._limit_array(0, -np.inf)
+
+    @cached_property
+    def dof_upper(self) -> np.ndarray:
+        """``[nv] float64``: upper limit of each hinge/slide DOF (+inf where unlimited or not scalar)."""
+        return self._limit_array(1, np.inf)
+
+    def _limit_array(self, k: int, fill: float) -> np.ndarray:
+        out = np.full(self.nv, fill)
+        for b in self.blocks:
+            if b.qd_dim == 1 and b.limits is not None:
+                out[b.qd_offset] = b.limits[k]
+        out.setflags(write=False)
+        return out
+
+    def block(self, joint_name: str) -> CoordinateBlock:
+        """The block of ``joint_name``; :class:`UnknownNameError` listing the joints otherwise."""
+        for b in self.blocks:
+            if b.joint_name == joint_name:
+                return b
+        raise UnknownNameError(f"no joint {joint_name!r} in the layout; joints are: {', '.join(self.joint_names)}",
+                               path=self.source)
+
+    def body_index(self, name: str) -> int:
+        """Index of body ``name``; :class:`UnknownNameError` listing the bodies otherwise."""
+        try:
+            return self.body_names.index(name)
+        except ValueError:
+            raise UnknownNameError(f"no body {name!r}; bodies are: {', '.join(self.body_names)}",
+                                   path=self.source) from None
+
+    def blocks_of_body(self, body: int) -> tuple[CoordinateBlock, ...]:
+        return tuple(b for b in self.blocks if b.body_index == body)
+
+    def neutral(self, dtype=np.float64) -> np.ndarray:
+        """``[nq]`` q at the modelled pose: the root at its rest transform, hinges and slides at ``ref``,
+        balls at identity."""
+        q = np.zeros(self.nq, dtype=dtype)
+        for b in self.blocks:
+            if b.joint_type is JointType.FREE:
+                q[b.q_offset:b.q_offset + 3] = self.rest_positions[b.body_index]
+                q[b.q_offset + 3:b.q_offset + 7] = self.rest_rotations_wxyz[b.body_index]
+            elif b.joint_type is JointType.BALL:
+                q[b.q_offset] = 1.0
+            elif b.q_dim == 1:
+                q[b.q_offset] = b.ref
+        return q
+
+    # -- index arrays for the manifold maps ---------------------------------------------------------
+    @cached_property
+    def _index(self) -> dict:
+        sq, sv, rq, rv, tq, tv = [], [], [], [], [], []
+        for b in self.blocks:
+            if b.joint_type in (JointType.HINGE, JointType.SLIDE):
+                sq.append(b.q_offset)
+                sv.append(b.qd_offset)
+            elif b.joint_type is JointType.BALL:
+                rq.append(range(b.q_offset, b.q_offset + 4))
+                rv.append(range(b.qd_offset, b.qd_offset + 3))
+            elif b.joint_type is JointType.FREE:
+                tq.append(range(b.q_offset, b.q_offset + 3))
+                tv.append(range(b.qd_offset, b.qd_offset + 3))
+                rq.append(range(b.q_offset + 3, b.q_offset + 7))
+                rv.append(range(b.qd_offset + 3, b.qd_offset + 6))
+        sq += [i for r in tq for i in r]
+        sv += [i for r in tv for i in r]
+        as_arr = lambda x, shape: np.array(x, dtype=np.int64).reshape(shape)
+        return {"vec_q": as_arr(sq, (-1,)), "vec_v": as_arr(sv, (-1,)),
+                "rot_q": as_arr([list(r) for r in rq], (-1, 4)), "rot_v": as_arr([list(r) for r in rv], (-1, 3))}
+
+    def _check(self, name, x, n):
+        if x.shape[-1] != n:
+            raise ShapeError(f"last dimension is {x.shape[-1]}; expected {n} for this layout",
+                             path=self.source, item=name)
+
+    def integrate(self, q, qd, dt=1.0):
+        """Move ``q`` along ``qd`` for time ``dt`` on the configuration manifold.
+
+        Args:
+            q: ``[..., nq]`` float, numpy or torch.
+            qd: ``[..., nv]`` in the canonical tangent convention (see the module docstring).
+            dt: seconds, a scalar or ``[...]``.
+        Returns:
+            ``[..., nq]``: scalars ``q + qd dt``; quaternions ``exp(w dt) * quat`` (normalised).
+        """
+        from .. import rotations as R
+
+        self._check("q", q, self.nq)
+        self._check("qd", qd, self.nv)
+        ix = _indices(self._index, q)
+        dt = _as_dt(dt, q)
+        out = _copy(q)
+        if ix["vec_q"].shape[0]:
+            out[..., ix["vec_q"]] = q[..., ix["vec_q"]] + qd[..., ix["vec_v"]] * dt[..., None]
+        if ix["rot_q"].shape[0]:
+            w = qd[..., ix["rot_v"]] * dt[..., None, None]
+            quat = q[..., ix["rot_q"]]
+            out[..., ix["rot_q"]] = R.quat_normalize(R.quat_multiply(R.quat_from_rotvec(w), quat))
+        return out
+
+    def difference(self, q1, q0, dt=1.0):
+        """The tangent ``qd`` with ``integrate(q0, qd, dt) == q1`` (exact inverse of :meth:`integrate`).
+
+        Args:
+            q1, q0: ``[..., nq]``. dt: seconds, scalar or ``[...]``.
+        Returns:
+            ``[..., nv]``: scalars ``(q1 - q0) / dt``; rotations ``log(q1 * q0^-1) / dt`` (shortest
+            rotation, parent/world frame).
+        """
+        from .. import rotations as R
+
+        self._check("q1", q1, self.nq)
+        self._check("q0", q0, self.nq)
+        ix = _indices(self._index, q1)
+        dt = _as_dt(dt, q1)
+        shape = tuple(np.broadcast_shapes(tuple(q1.shape[:-1]), tuple(q0.shape[:-1]))) + (self.nv,)
+        out = _zeros(q1, shape)
+        if ix["vec_q"].shape[0]:
+            out[..., ix["vec_v"]] = (q1[..., ix["vec_q"]] - q0[..., ix["vec_q"]]) / dt[..., None]
+        if ix["rot_q"].shape[0]:
+            a = R.quat_normalize(q1[..., ix["rot_q"]])
+            b = R.quat_normalize(q0[..., ix["rot_q"]])
+            out[..., ix["rot_v"]] = R.quat_to_rotvec(R.quat_multiply(a, R.quat_conjugate(b))) / dt[..., None, None]
+        return out
+
+    def interpolate(self, q0, q1, t):
+        """Geodesic interpolation ``integrate(q0, difference(q1, q0) * t)``: lerp for scalars and
+        positions, slerp (shortest path) for quaternions.
+
+        Args:
+            q0, q1: ``[..., nq]``. t: scalar or ``[...]`` blend weight (0 gives ``q0``, 1 gives ``q1``).
+        Returns:
+            ``[..., nq]``.
+        """
+        return self.integrate(q0, self.difference(q1, q0), t)
+
+    # -- kinematics ---------------------------------------------------------------------------------
+    @cached_property
+    def tree_plan(self) -> TreePlan:
+        """The plan the shared forward kinematics runs (:mod:`kangengine.animation.kinematics`)."""
+        steps: list[list[JointStep]] = [[] for _ in self.body_names]
+        for b in self.blocks:
+            if b.joint_type is JointType.FIXED:
+                continue
+            steps[b.body_index].append(JointStep(
+                kind=b.joint_type.value, q_offset=b.q_offset,
+                axis=b.axis if b.axis is not None else (0.0, 0.0, 1.0), anchor=b.anchor, ref=b.ref))
+        return TreePlan(
+            parents=self.parent_indices,
+            rest_positions=tuple(tuple(float(x) for x in r) for r in self.rest_positions),
+            rest_rotations=tuple(tuple(float(x) for x in r) for r in self.rest_rotations_wxyz),
+            steps=tuple(tuple(s) for s in steps))
+
+    @cached_property
+    def kinematics(self) -> BodyKinematics:
+        return BodyKinematics(self.tree_plan)
+
+    def local_transforms(self, q):
+        """``parent_from_body`` of every body at ``q``.
+
+        Args:
+            q: ``[..., nq]`` numpy or torch.
+        Returns:
+            ``(positions [..., bodies, 3], rotations_wxyz [..., bodies, 4])`` in the parent body frame (the
+            world for the root).
+        """
+        self._check("q", q, self.nq)
+        return self.kinematics.from_coordinates(q, local=True)
+
+
+def forward_kinematics(layout: ArticulationCoordinateLayout, q):
+    """World transforms of every body at ``q``.
+
+    Args:
+        layout: the coordinate layout.
+        q: ``[..., nq]`` float32/float64, numpy array or torch tensor (any device).
+    Returns:
+        ``(body_positions [..., bodies, 3], body_rotations_wxyz [..., bodies, 4])``: ``world_from_body``
+        origin positions (m) and rotations, bodies in ``layout.body_names`` order; same type, dtype and
+        device as ``q``. Equal to MuJoCo's ``xpos``/``xquat`` after ``mj_kinematics`` (up to the sign of
+        the quaternion).
+    """
+    layout._check("q", q, layout.nq)
+    return layout.kinematics.from_coordinates(q)
+
+
+def _signature(names, parents, rest_p, rest_r, blocks, free_root) -> str:
+    doc = {
+        "version": 1,
+        "free_root": bool(free_root),
+        "bodies": [[n, int(p), [_num(x) for x in rp], [_num(x) for x in rr]]
+                   for n, p, rp, rr in zip(names, parents, rest_p, rest_r)],
+        "blocks": [[b.joint_name, b.joint_type.value, b.body_index, b.q_offset, b.qd_offset,
+                    None if b.axis is None else [_num(x) for x in b.axis], [_num(x) for x in b.anchor],
+                    _num(b.ref), None if b.limits is None else [_num(x) for x in b.limits]] for b in blocks],
+    }
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _indices(ix: dict, like) -> dict:
+    if _is_torch(like):
+        import torch
+
+        return {k: torch.as_tensor(v, device=like.device) for k, v in ix.items()}
+    return ix
+
+
+def _as_dt(dt, like):
+    if _is_torch(like):
+        import torch
+
+        return torch.as_tensor(dt, dtype=like.dtype, device=like.device)
+    return np.asarray(dt, dtype=like.dtype)
+
+
+def _copy(x):
+    return x.clone() if _is_torch(x) else np.array(x, copy=True)
+
+
+def _zeros(like, shape):
+    if _is_torch(like):
+        import torch
+
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return np.zeros(shape, dtype=like.dtype)

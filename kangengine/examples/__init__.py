@@ -1,0 +1,24 @@
+"""Small example files shipped with KangEngine (see ``data/LICENSES.md``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_WALK_BVH"]
+
+_DATA = Path(__file__).resolve().parent / "data"
+
+
+def data_path(name: str) -> Path:
+    """Absolute path of a shipped example file (``data_path("humanoid_CMU.xml")``)."""
+    from ..errors import FileMissingError
+
+    p = _DATA / name
+    if not p.is_file():
+        names = sorted(x.name for x in _DATA.iterdir() if x.is_file())
+        raise FileMissingError(f"no shipped example {name!r}; examples are: {', '.join(names)}", path=p)
+    return p
+
+
+CMU_HUMANOID_MJCF = "humanoid_CMU.xml"
+CMU_WALK_BVH = "cmu_02_01_walk.bvh"

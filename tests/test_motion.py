@@ -1,0 +1,119 @@
+"""ArticulationMotion and its npz files."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+from conftest import data_file
+
+from kangengine.animation import (
+    ArticulationCoordinateLayout,
+    ArticulationMotion,
+    load_articulation_motion_npz,
+    save_articulation_motion_npz,
+)
+from kangengine.asset import MJCFLoader
+from kangengine.errors import FormatError, LayoutMismatch, LayoutSignatureWarning, NonFiniteError, ShapeError
+
+
+@pytest.fixture(scope="module")
+def layout():
+    return ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml")))
+
+
+def _motion(layout, frames=50):
+    rng = np.random.default_rng(0)
+    q = np.tile(layout.neutral(), (frames, 1)) + 0.1 * rng.normal(size=(frames, layout.nq))
+    return ArticulationMotion(
+        q, rng.normal(size=(frames, layout.nv)), 30.0, layout.model_signature, joint_names=layout.joint_names
+    )
+
+
+def test_types_and_views(layout):
+    m = _motion(layout)
+    assert m.q.dtype == np.float32 and m.qd.dtype == np.float32
+    assert m.fps() == 30.0 and m.num_frames == 50 and m.duration == pytest.approx(49 / 30)
+    assert m[::2].fps() == 15.0 and m[::2].num_frames == 25
+    m.check_layout(layout)
+
+
+def test_npz_round_trip_is_exact(layout, tmp_path):
+    m = _motion(layout)
+    path = tmp_path / "clip.npz"
+    save_articulation_motion_npz(path, m, layout=layout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = load_articulation_motion_npz(path, layout)
+    np.testing.assert_array_equal(back.q, m.q)
+    np.testing.assert_array_equal(back.qd, m.qd)
+    assert back.fps() == 30.0 and back.layout_signature == layout.model_signature
+    z = np.load(path, allow_pickle=False)
+    assert int(z["format_version"]) == 1 and list(z["dof_names"]) == list(layout.dof_names)
+    assert "rad" in str(z["units_json"])
+
+
+def test_nq_mismatch_raises_and_signature_mismatch_warns(layout, tmp_path):
+    m = _motion(layout)
+    path = tmp_path / "clip.npz"
+    save_articulation_motion_npz(path, m)
+    other = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_file("mjcf/gymnasium/humanoid.xml")))
+    with pytest.raises(LayoutMismatch, match="nq=28"):
+        load_articulation_motion_npz(path, other)
+    desc = MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml"))
+    j = dataclasses.replace(desc.joints[1], range=(-0.5, 0.5))
+    changed = ArticulationCoordinateLayout.from_data(
+        data=dataclasses.replace(desc, joints=(desc.joints[0], j) + desc.joints[2:])
+    )
+    assert (changed.nq, changed.nv) == (layout.nq, layout.nv)
+    with pytest.warns(LayoutSignatureWarning, match="signature"):
+        back = load_articulation_motion_npz(path, changed)
+    assert back.metadata["file_signature"] == layout.model_signature
+    np.testing.assert_array_equal(back.q, m.q)
+    with pytest.raises(LayoutMismatch):
+        m.check_layout(changed)
+
+
+def test_bad_inputs(layout, tmp_path):
+    q = np.tile(layout.neutral(), (5, 1))
+    q[2, 4] = np.nan
+    with pytest.raises(NonFiniteError, match="frame 2"):
+        ArticulationMotion(q, np.zeros((5, layout.nv)), 30, layout.model_signature)
+    with pytest.raises(ShapeError):
+        ArticulationMotion(np.zeros((5, layout.nq)), np.zeros((4, layout.nv)), 30, "x")
+    with pytest.raises(FormatError, match="fps"):
+        ArticulationMotion(np.zeros((5, layout.nq)), np.zeros((5, layout.nv)), float("nan"), "x")
+    wrong = tmp_path / "wrong.npz"
+    np.savez(
+        wrong,
+        format=np.array("something.else"),
+        q=np.zeros((1, 1)),
+        qd=np.zeros((1, 1)),
+        fps=np.array(30.0),
+        model_signature=np.array("x"),
+    )
+    with pytest.raises(FormatError, match="expected 'kangengine.articulation_motion'"):
+        load_articulation_motion_npz(wrong, layout)
+    truncated = tmp_path / "trunc.npz"
+    save_articulation_motion_npz(truncated, _motion(layout))
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    with pytest.raises(FormatError) as e:
+        load_articulation_motion_npz(truncated, layout)
+    assert "trunc.npz" in str(e.value)
+
+
+def test_failed_write_keeps_old_file(layout, tmp_path, monkeypatch):
+    path = tmp_path / "clip.npz"
+    save_articulation_motion_npz(path, _motion(layout))
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError):
+        save_articulation_motion_npz(path, _motion(layout, 10))
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["clip.npz"]
