@@ -95,6 +95,9 @@ class ArticulationCoordinateLayout:
             anchor, ref and limits (numbers at 9 significant digits). Equal signatures mean ``q`` means
             the same thing in both layouts.
         source: the file the description came from.
+        body_coms: ``[bodies, 3] float64`` m, centre of mass of each body in its body frame (from the
+            description; not part of ``model_signature``, since it does not change what ``q`` means). Used by
+            adapters whose velocities refer to the COM (Newton, PhysX).
     """
 
     blocks: tuple[CoordinateBlock, ...]
@@ -107,6 +110,7 @@ class ArticulationCoordinateLayout:
     nv: int
     model_signature: str
     source: str | None = None
+    body_coms: np.ndarray | None = None
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
@@ -153,11 +157,12 @@ class ArticulationCoordinateLayout:
         parents = tuple(int(b.parent) for b in data.bodies)
         names = tuple(b.name for b in data.bodies)
         sig = _signature(names, parents, rest_p, rest_r, blocks, free_root)
-        rest_p.setflags(write=False)
-        rest_r.setflags(write=False)
+        coms = np.array([b.com for b in data.bodies], dtype=np.float64).reshape(-1, 3)
+        for arr in (rest_p, rest_r, coms):
+            arr.setflags(write=False)
         return cls(blocks=tuple(blocks), body_names=names, parent_indices=parents, rest_positions=rest_p,
                    rest_rotations_wxyz=rest_r, free_root=free_root, nq=qo, nv=vo, model_signature=sig,
-                   source=data.source)
+                   source=data.source, body_coms=coms)
 
     # -- names and limits ------------------------------------------------------------------------------
     @property
