@@ -13,8 +13,18 @@ from . import errors
 from .errors import KangEngineError
 
 __version__ = "0.1.0"
-__all__ = ["errors", "KangEngineError", "asset", "animation", "rotations", "io", "datasets", "adapters", "sim",
-           "__version__"]
+__all__ = [
+    "errors",
+    "KangEngineError",
+    "asset",
+    "animation",
+    "rotations",
+    "io",
+    "datasets",
+    "adapters",
+    "sim",
+    "__version__",
+]
 
 _SUBMODULES = {"asset", "animation", "rotations", "io", "datasets", "adapters", "sim", "cli"}
 

@@ -51,8 +51,9 @@ def load_npz(path: str | os.PathLike, *, required: tuple[str, ...] = (), kind: s
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
     except ValueError as exc:
-        raise FormatError(f"holds pickled objects, which are refused ({exc}); expected plain arrays",
-                          path=path) from exc
+        raise FormatError(
+            f"holds pickled objects, which are refused ({exc}); expected plain arrays", path=path
+        ) from exc
     except Exception as exc:
         raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
     missing = [k for k in required if k not in data]

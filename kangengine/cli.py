@@ -25,12 +25,25 @@ def describe_model(path, *, order: str = "DFS", free_root: bool = True) -> dict:
     desc = load(path, order=order)
     layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=free_root)
     out = desc.summary()
-    out.update({
-        "free_root": layout.free_root, "nq": layout.nq, "nv": layout.nv,
-        "model_signature": layout.model_signature, "body_names": list(layout.body_names),
-        "blocks": [{"joint": b.joint_name, "type": b.joint_type.value, "body": b.body_name,
-                    "q": [b.q_offset, b.q_dim], "qd": [b.qd_offset, b.qd_dim]} for b in layout.blocks],
-    })
+    out.update(
+        {
+            "free_root": layout.free_root,
+            "nq": layout.nq,
+            "nv": layout.nv,
+            "model_signature": layout.model_signature,
+            "body_names": list(layout.body_names),
+            "blocks": [
+                {
+                    "joint": b.joint_name,
+                    "type": b.joint_type.value,
+                    "body": b.body_name,
+                    "q": [b.q_offset, b.q_dim],
+                    "qd": [b.qd_offset, b.qd_dim],
+                }
+                for b in layout.blocks
+            ],
+        }
+    )
     return out
 
 
@@ -48,9 +61,15 @@ def describe_clip(path) -> dict:
         z = load_npz(path, required=("format",), kind="motion")
         fmt = str(z["format"])
         if fmt == "kangengine.articulation_motion":
-            return {"file": str(path), "kind": "articulation_motion", "frames": int(z["q"].shape[0]),
-                    "fps": float(z["fps"]), "nq": int(z["q"].shape[1]), "nv": int(z["qd"].shape[1]),
-                    "model_signature": str(z["model_signature"])}
+            return {
+                "file": str(path),
+                "kind": "articulation_motion",
+                "frames": int(z["q"].shape[0]),
+                "fps": float(z["fps"]),
+                "nq": int(z["q"].shape[1]),
+                "nv": int(z["qd"].shape[1]),
+                "model_signature": str(z["model_signature"]),
+            }
         from .animation import SkeletonMotion
 
         motion = SkeletonMotion.load_npz(path)
@@ -58,8 +77,12 @@ def describe_clip(path) -> dict:
         motion = ke_io.load_motion(path)
     gp = np.asarray(motion.numpy().global_translation)
     return {
-        "file": str(path), "kind": "skeleton_motion", "frames": motion.num_frames, "fps": motion.fps,
-        "duration_s": round(motion.duration, 6), "nodes": motion.tree.num_nodes,
+        "file": str(path),
+        "kind": "skeleton_motion",
+        "frames": motion.num_frames,
+        "fps": motion.fps,
+        "duration_s": round(motion.duration, 6),
+        "nodes": motion.tree.num_nodes,
         "node_names": list(motion.tree.node_names),
         "root_height_m": {"min": round(float(gp[:, 0, 2].min()), 4), "max": round(float(gp[:, 0, 2].max()), 4)},
         "metadata": {k: v for k, v in motion.metadata.items() if k in ("source_file", "source_units", "up_axis")},
@@ -77,8 +100,10 @@ def _info(args) -> int:
     if model is None:
         print("kangengine info: give a MODEL file or --example", file=sys.stderr)
         return 2
-    report = {"model": describe_model(model, order=args.order, free_root=not args.fixed_root),
-              "clips": [describe_clip(c) for c in clips]}
+    report = {
+        "model": describe_model(model, order=args.order, free_root=not args.fixed_root),
+        "clips": [describe_clip(c) for c in clips],
+    }
     print(json.dumps(report, indent=2))
     return 0
 

@@ -226,9 +226,7 @@ def _coerce(*xs):
             else:
                 out.append(torch.as_tensor(np.asarray(x), dtype=dtype, device=device))
         return (ops, *out)
-    dtypes = [
-        x.dtype for x in xs if isinstance(x, (np.ndarray, np.generic)) and np.issubdtype(x.dtype, np.floating)
-    ]
+    dtypes = [x.dtype for x in xs if isinstance(x, (np.ndarray, np.generic)) and np.issubdtype(x.dtype, np.floating)]
     dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.float64)
     return (_NUMPY_OPS, *(np.asarray(x, dtype=dtype) for x in xs))
 
@@ -912,9 +910,7 @@ def quat_angular_velocity(q, dt, *, frame: str):
     ops, q, dt = _coerce(q, dt)
     _check_last(q, 4, "quat_angular_velocity", "q")
     if q.ndim < 2:
-        raise ShapeError(
-            f"quat_angular_velocity: expected shape [frames, ..., 4], got {tuple(q.shape)}", item="q"
-        )
+        raise ShapeError(f"quat_angular_velocity: expected shape [frames, ..., 4], got {tuple(q.shape)}", item="q")
     n = q.shape[0]
     dt = dt[..., None]
     if n < 2:

@@ -66,4 +66,6 @@ def require(module: str, extra: str):
     except ImportError as exc:
         raise MissingDependencyError(
             f"the optional dependency {module!r} is not installed; install KangEngine with the "
-            f"'{extra}' extra: pip install -e \".[{extra}]\"", item=module) from exc
+            f"'{extra}' extra: pip install -e \".[{extra}]\"",
+            item=module,
+        ) from exc

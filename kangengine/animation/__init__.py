@@ -5,7 +5,13 @@ from .motion import ArticulationMotion, load_articulation_motion_npz, save_artic
 from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 
 __all__ = [
-    "ArticulationCoordinateLayout", "CoordinateBlock", "forward_kinematics",
-    "ArticulationMotion", "save_articulation_motion_npz", "load_articulation_motion_npz",
-    "SkeletonTree", "SkeletonState", "SkeletonMotion",
+    "ArticulationCoordinateLayout",
+    "CoordinateBlock",
+    "forward_kinematics",
+    "ArticulationMotion",
+    "save_articulation_motion_npz",
+    "load_articulation_motion_npz",
+    "SkeletonTree",
+    "SkeletonState",
+    "SkeletonMotion",
 ]

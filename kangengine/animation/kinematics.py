@@ -9,12 +9,16 @@ demands.
 Internally each quantity is held as a tuple of per-component 1-D arrays ("structure of arrays", one
 array per x/y/z/w component, one element per frame). Constant components (rest offsets, joint axes)
 stay Python floats and are folded away, so a hinge about the x axis costs a handful of multiplications.
-Large CPU batches are processed in cache-sized chunks, on all cores.
+The algebra runs once per tree on symbols; the recorded straight-line code (temporaries freed after
+their last use) is compiled with ``exec`` and replayed on every chunk, so the per-chunk cost is the
+array arithmetic, not Python's constant-folding decisions. Large CPU batches are processed in chunks
+of ``_CHUNK`` frames on a thread pool.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -107,6 +111,108 @@ def _normalize4(q, xp):
     return tuple(c / n for c in q)
 
 
+# -- tracing -------------------------------------------------------------------------------------------
+# The algebra above runs once on symbols; the recorded straight-line code is compiled into a Python
+# function that replays it on real arrays without re-deciding constant folding for every chunk.
+
+
+_TEMP = re.compile(r"\bt\d+\b")
+
+
+class _Tracer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.count = 0
+
+    def emit(self, expr: str) -> _Sym:
+        name = f"t{self.count}"
+        self.count += 1
+        self.lines.append(f"    {name} = {expr}")
+        return _Sym(name, self)
+
+
+class _Sym:
+    __slots__ = ("name", "tracer")
+
+    def __init__(self, name: str, tracer: _Tracer):
+        self.name = name
+        self.tracer = tracer
+
+    def __str__(self) -> str:
+        return self.name
+
+    def _bin(self, op: str, other, reverse: bool = False) -> _Sym:
+        o = repr(other) if isinstance(other, float) else str(other)
+        return self.tracer.emit(f"{o} {op} {self.name}" if reverse else f"{self.name} {op} {o}")
+
+    def __mul__(self, other):
+        return self._bin("*", other)
+
+    def __rmul__(self, other):
+        return self._bin("*", other, True)
+
+    def __add__(self, other):
+        return self._bin("+", other)
+
+    def __radd__(self, other):
+        return self._bin("+", other, True)
+
+    def __sub__(self, other):
+        return self._bin("-", other)
+
+    def __rsub__(self, other):
+        return self._bin("-", other, True)
+
+    def __truediv__(self, other):
+        return self._bin("/", other)
+
+    def __neg__(self):
+        return self.tracer.emit(f"-{self.name}")
+
+
+class _TraceNS:
+    """Stands in for numpy/torch while tracing: records calls of the array functions used."""
+
+    def __init__(self, tracer: _Tracer):
+        self.tracer = tracer
+
+    def cos(self, x):
+        return self.tracer.emit(f"xp.cos({x})")
+
+    def sin(self, x):
+        return self.tracer.emit(f"xp.sin({x})")
+
+    def sqrt(self, x):
+        return self.tracer.emit(f"xp.sqrt({x})")
+
+
+def _compile(tracer: _Tracer, args: str, outputs: list[tuple[str, int, object]], name: str):
+    """Source of ``def name(args): <trace>; out[s:e, body, k] = value`` compiled with exec."""
+    lines = list(tracer.lines)
+    for out, b, comps in outputs:
+        for k, c in enumerate(comps):
+            value = repr(c) if isinstance(c, float) else str(c)
+            lines.append(f"    {out}[s:e, {b}, {k}] = {value}")
+    # Free every temporary right after its last use, as eager evaluation would: keeps the working set
+    # in cache instead of holding thousands of chunk-sized arrays alive until the function returns.
+    last_use: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        for tok in _TEMP.findall(line.split("=", 1)[1]):
+            last_use[tok] = i
+    frees: dict[int, list[str]] = {}
+    for tok, i in last_use.items():
+        frees.setdefault(i, []).append(tok)
+    body = []
+    for i, line in enumerate(lines):
+        body.append(line)
+        if i in frees:
+            body.append("    del " + ", ".join(sorted(frees[i])))
+    src = f"def {name}({args}):\n" + "\n".join(body or ["    pass"]) + "\n"
+    scope: dict = {}
+    exec(compile(src, f"<kangengine-fk {name}>", "exec"), scope)
+    return scope[name]
+
+
 # -- plans ----------------------------------------------------------------------------------------------
 
 
@@ -145,8 +251,11 @@ def tree_plan_from_rest(parents: Sequence[int], rest_positions, rest_rotations=N
     ``rest_rotations [B, 4]`` WXYZ (identity by default) and per-body joint steps."""
     rp = np.asarray(rest_positions, dtype=np.float64).reshape(-1, 3)
     nb = len(parents)
-    rr = (np.tile([1.0, 0.0, 0.0, 0.0], (nb, 1)) if rest_rotations is None
-          else np.asarray(rest_rotations, dtype=np.float64).reshape(-1, 4))
+    rr = (
+        np.tile([1.0, 0.0, 0.0, 0.0], (nb, 1))
+        if rest_rotations is None
+        else np.asarray(rest_rotations, dtype=np.float64).reshape(-1, 4)
+    )
     return TreePlan(
         parents=tuple(int(p) for p in parents),
         rest_positions=tuple(tuple(float(x) for x in row) for row in rp),
@@ -176,7 +285,7 @@ def _ns(x):
     return _NumpyNS
 
 
-_CHUNK = 8192
+_CHUNK = 32768
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -202,11 +311,6 @@ def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool) -> None:
     else:
         for f in [pool.submit(fn, s, e) for s, e in bounds]:
             f.result()
-
-
-def _fill(out, s, e, body, comps):
-    for k, c in enumerate(comps):
-        out[s:e, body, k] = c
 
 
 # -- the composition --------------------------------------------------------------------------------------
@@ -264,6 +368,52 @@ class BodyKinematics:
 
     def __init__(self, plan: TreePlan):
         self.plan = plan
+        self._compiled: dict[str, Callable] = {}
+
+    # articulation coordinates ------------------------------------------------------------------------
+    def _traced_coordinates(self, local: bool):
+        key = "local" if local else "world"
+        fn = self._compiled.get(key)
+        if fn is None:
+            tr = _Tracer()
+            ns = _TraceNS(tr)
+            cols: dict[int, _Sym] = {}
+
+            def qcol(i):
+                if i not in cols:
+                    cols[i] = tr.emit(f"qt[{i}]")
+                return cols[i]
+
+            if local:
+                res = [_local_from_steps(self.plan, b, qcol, ns) for b in range(self.plan.num_bodies)]
+                gp, gr = [r[0] for r in res], [r[1] for r in res]
+            else:
+                gp, gr = _compose(self.plan, lambda b: _local_from_steps(self.plan, b, qcol, ns))
+            outs = [("out_p", b, gp[b]) for b in range(self.plan.num_bodies)]
+            outs += [("out_r", b, gr[b]) for b in range(self.plan.num_bodies)]
+            fn = self._compiled[key] = _compile(tr, "qt, xp, out_p, out_r, s, e", outs, f"fk_{key}")
+        return fn
+
+    def _traced_local(self, with_translation: bool):
+        key = "skeleton_t" if with_translation else "skeleton"
+        fn = self._compiled.get(key)
+        if fn is None:
+            tr = _Tracer()
+            plan = self.plan
+
+            def local(b):
+                r = tuple(tr.emit(f"rot[{b}, {k}]") for k in range(4))
+                if plan.parents[b] < 0:
+                    return tuple(tr.emit(f"root[{k}]") for k in range(3)), r
+                if with_translation:
+                    return tuple(tr.emit(f"tr[{b}, {k}]") for k in range(3)), r
+                return plan.rest_positions[b], r
+
+            gp, gr = _compose(plan, local)
+            outs = [("out_p", b, gp[b]) for b in range(plan.num_bodies)]
+            outs += [("out_r", b, gr[b]) for b in range(plan.num_bodies)]
+            fn = self._compiled[key] = _compile(tr, "rot, tr, root, out_p, out_r, s, e", outs, f"fk_{key}")
+        return fn
 
     # articulation coordinates ------------------------------------------------------------------------
     def from_coordinates(self, q, *, local: bool = False):
@@ -278,27 +428,12 @@ class BodyKinematics:
         lead = tuple(q.shape[:-1])
         q2 = q.reshape(-1, q.shape[-1])
         xp = _ns(q)
+        fn = self._traced_coordinates(local)
 
         def chunk(s, e, out_p, out_r):
             qt = q2[s:e].T
             qt = qt.contiguous() if _is_torch(qt) else np.ascontiguousarray(qt)
-            cols: dict[int, object] = {}
-
-            def qcol(i):
-                if i not in cols:
-                    cols[i] = qt[i]
-                return cols[i]
-
-            if local:
-                for b in range(self.plan.num_bodies):
-                    p, r = _local_from_steps(self.plan, b, qcol, xp)
-                    _fill(out_p, s, e, b, p)
-                    _fill(out_r, s, e, b, r)
-            else:
-                gp, gr = _compose(self.plan, lambda b: _local_from_steps(self.plan, b, qcol, xp))
-                for b in range(self.plan.num_bodies):
-                    _fill(out_p, s, e, b, gp[b])
-                    _fill(out_r, s, e, b, gr[b])
+            fn(qt, xp, out_p, out_r, s, e)
 
         return self._run(q2, lead, chunk)
 
@@ -327,24 +462,13 @@ class BodyKinematics:
             lr = _expand(lr, (n, nb, 4))
         if lt is not None and lt.shape[0] != lr.shape[0]:
             lt = _expand(lt, (lr.shape[0], nb, 3))
+        fn = self._traced_local(lt is not None)
 
         def chunk(s, e, out_p, out_r):
             rot = _soa(lr[s:e], (1, 2, 0))  # [B, 4, n]
             tr = None if lt is None else _soa(lt[s:e], (1, 2, 0))
             root = _soa(rt[s:e], (1, 0))
-
-            def local(b):
-                r = (rot[b, 0], rot[b, 1], rot[b, 2], rot[b, 3])
-                if b == 0 or self.plan.parents[b] < 0:
-                    return (root[0], root[1], root[2]), r
-                if tr is not None:
-                    return (tr[b, 0], tr[b, 1], tr[b, 2]), r
-                return self.plan.rest_positions[b], r
-
-            gp, gr = _compose(self.plan, local)
-            for b in range(nb):
-                _fill(out_p, s, e, b, gp[b])
-                _fill(out_r, s, e, b, gr[b])
+            fn(rot, tr, root, out_p, out_r, s, e)
 
         return self._run(lr, lead, chunk)
 
@@ -390,7 +514,10 @@ def compose_tree(parents: Sequence[int], local_translation, local_rotation, root
     """
     lt = local_translation
     per_frame = lt.ndim > 2
-    rest = np.zeros((len(parents), 3)) if per_frame else np.asarray(
-        lt.detach().cpu().numpy() if _is_torch(lt) else lt, dtype=np.float64)
+    rest = (
+        np.zeros((len(parents), 3))
+        if per_frame
+        else np.asarray(lt.detach().cpu().numpy() if _is_torch(lt) else lt, dtype=np.float64)
+    )
     kin = BodyKinematics(tree_plan_from_rest(parents, rest))
     return kin.from_local(root_translation, local_rotation, lt if per_frame else None)

@@ -128,11 +128,22 @@ class ArticulationCoordinateLayout:
 
         def add(name, jt, b, axis, anchor, limits, ref):
             nonlocal qo, vo
-            blocks.append(CoordinateBlock(
-                joint_name=name, joint_type=jt, body_index=b, body_name=data.bodies[b].name,
-                q_offset=qo, q_dim=jt.nq, qd_offset=vo, qd_dim=jt.nv,
-                axis=None if axis is None else tuple(float(a) for a in axis),
-                anchor=tuple(float(a) for a in anchor), limits=limits, ref=float(ref)))
+            blocks.append(
+                CoordinateBlock(
+                    joint_name=name,
+                    joint_type=jt,
+                    body_index=b,
+                    body_name=data.bodies[b].name,
+                    q_offset=qo,
+                    q_dim=jt.nq,
+                    qd_offset=vo,
+                    qd_dim=jt.nv,
+                    axis=None if axis is None else tuple(float(a) for a in axis),
+                    anchor=tuple(float(a) for a in anchor),
+                    limits=limits,
+                    ref=float(ref),
+                )
+            )
             qo += jt.nq
             vo += jt.nv
 
@@ -150,8 +161,7 @@ class ArticulationCoordinateLayout:
                 if jd.type is JointType.FREE:
                     continue  # used above (free_root) or dropped
                 scalar = jd.type in (JointType.HINGE, JointType.SLIDE)
-                add(jd.name, jd.type, b, jd.axis if scalar else None, jd.anchor, jd.range,
-                    jd.ref if scalar else 0.0)
+                add(jd.name, jd.type, b, jd.axis if scalar else None, jd.anchor, jd.range, jd.ref if scalar else 0.0)
         rest_p = np.array([b.pos for b in data.bodies], dtype=np.float64)
         rest_r = np.array([b.quat_wxyz / np.linalg.norm(b.quat_wxyz) for b in data.bodies], dtype=np.float64)
         parents = tuple(int(b.parent) for b in data.bodies)
@@ -160,9 +170,19 @@ class ArticulationCoordinateLayout:
         coms = np.array([b.com for b in data.bodies], dtype=np.float64).reshape(-1, 3)
         for arr in (rest_p, rest_r, coms):
             arr.setflags(write=False)
-        return cls(blocks=tuple(blocks), body_names=names, parent_indices=parents, rest_positions=rest_p,
-                   rest_rotations_wxyz=rest_r, free_root=free_root, nq=qo, nv=vo, model_signature=sig,
-                   source=data.source, body_coms=coms)
+        return cls(
+            blocks=tuple(blocks),
+            body_names=names,
+            parent_indices=parents,
+            rest_positions=rest_p,
+            rest_rotations_wxyz=rest_r,
+            free_root=free_root,
+            nq=qo,
+            nv=vo,
+            model_signature=sig,
+            source=data.source,
+            body_coms=coms,
+        )
 
     # -- names and limits ------------------------------------------------------------------------------
     @property
@@ -223,16 +243,18 @@ class ArticulationCoordinateLayout:
         for b in self.blocks:
             if b.joint_name == joint_name:
                 return b
-        raise UnknownNameError(f"no joint {joint_name!r} in the layout; joints are: {', '.join(self.joint_names)}",
-                               path=self.source)
+        raise UnknownNameError(
+            f"no joint {joint_name!r} in the layout; joints are: {', '.join(self.joint_names)}", path=self.source
+        )
 
     def body_index(self, name: str) -> int:
         """Index of body ``name``; :class:`UnknownNameError` listing the bodies otherwise."""
         try:
             return self.body_names.index(name)
         except ValueError:
-            raise UnknownNameError(f"no body {name!r}; bodies are: {', '.join(self.body_names)}",
-                                   path=self.source) from None
+            raise UnknownNameError(
+                f"no body {name!r}; bodies are: {', '.join(self.body_names)}", path=self.source
+            ) from None
 
     def blocks_of_body(self, body: int) -> tuple[CoordinateBlock, ...]:
         return tuple(b for b in self.blocks if b.body_index == body)
@@ -243,8 +265,8 @@ class ArticulationCoordinateLayout:
         q = np.zeros(self.nq, dtype=dtype)
         for b in self.blocks:
             if b.joint_type is JointType.FREE:
-                q[b.q_offset:b.q_offset + 3] = self.rest_positions[b.body_index]
-                q[b.q_offset + 3:b.q_offset + 7] = self.rest_rotations_wxyz[b.body_index]
+                q[b.q_offset : b.q_offset + 3] = self.rest_positions[b.body_index]
+                q[b.q_offset + 3 : b.q_offset + 7] = self.rest_rotations_wxyz[b.body_index]
             elif b.joint_type is JointType.BALL:
                 q[b.q_offset] = 1.0
             elif b.q_dim == 1:
@@ -270,13 +292,18 @@ class ArticulationCoordinateLayout:
         sq += [i for r in tq for i in r]
         sv += [i for r in tv for i in r]
         as_arr = lambda x, shape: np.array(x, dtype=np.int64).reshape(shape)
-        return {"vec_q": as_arr(sq, (-1,)), "vec_v": as_arr(sv, (-1,)),
-                "rot_q": as_arr([list(r) for r in rq], (-1, 4)), "rot_v": as_arr([list(r) for r in rv], (-1, 3))}
+        return {
+            "vec_q": as_arr(sq, (-1,)),
+            "vec_v": as_arr(sv, (-1,)),
+            "rot_q": as_arr([list(r) for r in rq], (-1, 4)),
+            "rot_v": as_arr([list(r) for r in rv], (-1, 3)),
+        }
 
     def _check(self, name, x, n):
         if x.shape[-1] != n:
-            raise ShapeError(f"last dimension is {x.shape[-1]}; expected {n} for this layout",
-                             path=self.source, item=name)
+            raise ShapeError(
+                f"last dimension is {x.shape[-1]}; expected {n} for this layout", path=self.source, item=name
+            )
 
     def integrate(self, q, qd, dt=1.0):
         """Move ``q`` along ``qd`` for time ``dt`` on the configuration manifold.
@@ -347,14 +374,21 @@ class ArticulationCoordinateLayout:
         for b in self.blocks:
             if b.joint_type is JointType.FIXED:
                 continue
-            steps[b.body_index].append(JointStep(
-                kind=b.joint_type.value, q_offset=b.q_offset,
-                axis=b.axis if b.axis is not None else (0.0, 0.0, 1.0), anchor=b.anchor, ref=b.ref))
+            steps[b.body_index].append(
+                JointStep(
+                    kind=b.joint_type.value,
+                    q_offset=b.q_offset,
+                    axis=b.axis if b.axis is not None else (0.0, 0.0, 1.0),
+                    anchor=b.anchor,
+                    ref=b.ref,
+                )
+            )
         return TreePlan(
             parents=self.parent_indices,
             rest_positions=tuple(tuple(float(x) for x in r) for r in self.rest_positions),
             rest_rotations=tuple(tuple(float(x) for x in r) for r in self.rest_rotations_wxyz),
-            steps=tuple(tuple(s) for s in steps))
+            steps=tuple(tuple(s) for s in steps),
+        )
 
     @cached_property
     def kinematics(self) -> BodyKinematics:
@@ -393,11 +427,24 @@ def _signature(names, parents, rest_p, rest_r, blocks, free_root) -> str:
     doc = {
         "version": 1,
         "free_root": bool(free_root),
-        "bodies": [[n, int(p), [_num(x) for x in rp], [_num(x) for x in rr]]
-                   for n, p, rp, rr in zip(names, parents, rest_p, rest_r)],
-        "blocks": [[b.joint_name, b.joint_type.value, b.body_index, b.q_offset, b.qd_offset,
-                    None if b.axis is None else [_num(x) for x in b.axis], [_num(x) for x in b.anchor],
-                    _num(b.ref), None if b.limits is None else [_num(x) for x in b.limits]] for b in blocks],
+        "bodies": [
+            [n, int(p), [_num(x) for x in rp], [_num(x) for x in rr]]
+            for n, p, rp, rr in zip(names, parents, rest_p, rest_r)
+        ],
+        "blocks": [
+            [
+                b.joint_name,
+                b.joint_type.value,
+                b.body_index,
+                b.q_offset,
+                b.qd_offset,
+                None if b.axis is None else [_num(x) for x in b.axis],
+                [_num(x) for x in b.anchor],
+                _num(b.ref),
+                None if b.limits is None else [_num(x) for x in b.limits],
+            ]
+            for b in blocks
+        ],
     }
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

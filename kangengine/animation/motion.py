@@ -25,9 +25,12 @@ __all__ = ["ArticulationMotion", "save_articulation_motion_npz", "load_articulat
 
 ARTICULATION_MOTION_FORMAT = "kangengine.articulation_motion"
 ARTICULATION_MOTION_VERSION = 1
-UNITS = {"q": "m for positions and slides, rad for hinges, unit WXYZ quaternions",
-         "qd": "m/s and rad/s; free root (origin linear velocity in world, angular velocity in world), "
-               "ball angular velocity in the parent frame", "fps": "1/s"}
+UNITS = {
+    "q": "m for positions and slides, rad for hinges, unit WXYZ quaternions",
+    "qd": "m/s and rad/s; free root (origin linear velocity in world, angular velocity in world), "
+    "ball angular velocity in the parent frame",
+    "fps": "1/s",
+}
 
 
 class ArticulationMotion:
@@ -48,8 +51,10 @@ class ArticulationMotion:
         q = np.ascontiguousarray(q, dtype=np.float32)
         qd = np.ascontiguousarray(qd, dtype=np.float32)
         if q.ndim != 2 or qd.ndim != 2 or q.shape[0] != qd.shape[0]:
-            raise ShapeError(f"q {q.shape} and qd {qd.shape}; expected [frames, nq] and [frames, nv] with the "
-                             "same number of frames", item="ArticulationMotion")
+            raise ShapeError(
+                f"q {q.shape} and qd {qd.shape}; expected [frames, nq] and [frames, nv] with the same number of frames",
+                item="ArticulationMotion",
+            )
         if q.shape[0] == 0:
             raise ShapeError("zero frames; expected at least one", item="ArticulationMotion")
         for name, a in (("q", q), ("qd", qd)):
@@ -95,19 +100,29 @@ class ArticulationMotion:
         if (self.nq, self.nv) != (layout.nq, layout.nv) or self.layout_signature != layout.model_signature:
             raise LayoutMismatch(
                 f"{what} has nq={self.nq}, nv={self.nv}, signature {self.layout_signature}; the layout has "
-                f"nq={layout.nq}, nv={layout.nv}, signature {layout.model_signature}", path=layout.source)
+                f"nq={layout.nq}, nv={layout.nv}, signature {layout.model_signature}",
+                path=layout.source,
+            )
 
     def __getitem__(self, index: slice) -> ArticulationMotion:
         """Frame slice ``motion[a:b:c]`` (a step ``c`` divides the fps)."""
         if not isinstance(index, slice):
             raise ShapeError("index with a slice of frames", item="ArticulationMotion[...]")
         step = index.step or 1
-        return ArticulationMotion(self.q[index], self.qd[index], self._fps / step, self.layout_signature,
-                                  joint_names=self.joint_names, metadata=self.metadata)
+        return ArticulationMotion(
+            self.q[index],
+            self.qd[index],
+            self._fps / step,
+            self.layout_signature,
+            joint_names=self.joint_names,
+            metadata=self.metadata,
+        )
 
     def __repr__(self) -> str:
-        return (f"ArticulationMotion(frames={self.num_frames}, nq={self.nq}, nv={self.nv}, fps={self._fps:g}, "
-                f"signature={self.layout_signature})")
+        return (
+            f"ArticulationMotion(frames={self.num_frames}, nq={self.nq}, nv={self.nv}, fps={self._fps:g}, "
+            f"signature={self.layout_signature})"
+        )
 
 
 def save_articulation_motion_npz(path: str | os.PathLike, motion: ArticulationMotion, *, layout=None) -> None:
@@ -123,9 +138,13 @@ def save_articulation_motion_npz(path: str | os.PathLike, motion: ArticulationMo
     arrays = {
         "format": np.array(ARTICULATION_MOTION_FORMAT),
         "format_version": np.array(ARTICULATION_MOTION_VERSION),
-        "q": motion.q, "qd": motion.qd, "fps": np.array(motion.fps()),
+        "q": motion.q,
+        "qd": motion.qd,
+        "fps": np.array(motion.fps()),
         "joint_names": np.array(layout.joint_names if layout is not None else motion.joint_names, dtype=np.str_),
-        "model_signature": np.array(motion.layout_signature), "nq": np.array(motion.nq), "nv": np.array(motion.nv),
+        "model_signature": np.array(motion.layout_signature),
+        "nq": np.array(motion.nq),
+        "nv": np.array(motion.nv),
         "units_json": np.array(json.dumps(UNITS, sort_keys=True)),
         "metadata_json": np.array(json.dumps(motion.metadata, sort_keys=True)),
     }
@@ -147,23 +166,30 @@ def load_articulation_motion_npz(path: str | os.PathLike, layout) -> Articulatio
         raise FormatError(f"format is {str(z['format'])!r}; expected {ARTICULATION_MOTION_FORMAT!r}", path=path)
     version = int(z.get("format_version", 1))
     if version > ARTICULATION_MOTION_VERSION:
-        raise FormatError(f"format_version {version} is newer than this KangEngine reads "
-                          f"({ARTICULATION_MOTION_VERSION})", path=path)
+        raise FormatError(
+            f"format_version {version} is newer than this KangEngine reads ({ARTICULATION_MOTION_VERSION})", path=path
+        )
     q, qd = z["q"], z["qd"]
     if q.ndim != 2 or qd.ndim != 2:
         raise FormatError(f"q {q.shape} / qd {qd.shape}; expected 2-D [frames, nq] / [frames, nv]", path=path)
     if q.shape[1] != layout.nq or qd.shape[1] != layout.nv:
-        raise LayoutMismatch(f"file has nq={q.shape[1]}, nv={qd.shape[1]}; the layout has nq={layout.nq}, "
-                             f"nv={layout.nv}", path=path)
+        raise LayoutMismatch(
+            f"file has nq={q.shape[1]}, nv={qd.shape[1]}; the layout has nq={layout.nq}, nv={layout.nv}", path=path
+        )
     sig = str(z["model_signature"])
     meta = json.loads(str(z["metadata_json"])) if "metadata_json" in z else {}
     if sig != layout.model_signature:
-        warnings.warn(f"{os.fspath(path)}: model signature {sig} differs from the layout's "
-                      f"{layout.model_signature} (same nq/nv): body order, joint layout, rest pose or limits may "
-                      "differ", LayoutSignatureWarning, stacklevel=2)
+        warnings.warn(
+            f"{os.fspath(path)}: model signature {sig} differs from the layout's "
+            f"{layout.model_signature} (same nq/nv): body order, joint layout, rest pose or limits may "
+            "differ",
+            LayoutSignatureWarning,
+            stacklevel=2,
+        )
         meta["file_signature"] = sig
     try:
-        return ArticulationMotion(q, qd, float(z["fps"]), layout.model_signature,
-                                  joint_names=layout.joint_names, metadata=meta)
+        return ArticulationMotion(
+            q, qd, float(z["fps"]), layout.model_signature, joint_names=layout.joint_names, metadata=meta
+        )
     except (FormatError, ShapeError, NonFiniteError) as exc:
         raise type(exc)(str(exc), path=path) from exc

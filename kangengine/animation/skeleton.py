@@ -79,8 +79,11 @@ class SkeletonTree:
         lt = np.asarray(self.local_translation, dtype=np.float64)
         n = len(names)
         if parents.shape != (n,) or lt.shape != (n, 3):
-            raise ShapeError(f"{n} names, parent_indices {parents.shape}, local_translation {lt.shape}; "
-                             f"expected ({n},) and ({n}, 3)", item="SkeletonTree")
+            raise ShapeError(
+                f"{n} names, parent_indices {parents.shape}, local_translation {lt.shape}; "
+                f"expected ({n},) and ({n}, 3)",
+                item="SkeletonTree",
+            )
         if n == 0:
             raise TopologyError("a skeleton needs at least one node", item="SkeletonTree")
         if len(set(names)) != n:
@@ -90,8 +93,10 @@ class SkeletonTree:
         if bad:
             raise DuplicateNameError(f"node names hold the reserved '/': {bad}", item="SkeletonTree")
         if parents[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(parents) if i > 0):
-            raise TopologyError(f"parent_indices {parents.tolist()} are not parent-first with a single root "
-                                "at index 0", item="SkeletonTree")
+            raise TopologyError(
+                f"parent_indices {parents.tolist()} are not parent-first with a single root at index 0",
+                item="SkeletonTree",
+            )
         if not np.isfinite(lt).all():
             raise NonFiniteError("local_translation holds NaN or inf", item="SkeletonTree")
         parents.setflags(write=False)
@@ -108,11 +113,16 @@ class SkeletonTree:
         The bodies' rest rotations are not part of a tree: a :class:`SkeletonState` of this tree carries
         them in its local rotations (see ``ArticulationMotionMapper.to_skeleton_state``)."""
         if hasattr(data, "bodies"):
-            return cls(node_names=tuple(b.name for b in data.bodies),
-                       parent_indices=np.array([b.parent for b in data.bodies]),
-                       local_translation=np.array([b.pos for b in data.bodies]))
-        return cls(node_names=data.body_names, parent_indices=np.array(data.parent_indices),
-                   local_translation=data.rest_positions)
+            return cls(
+                node_names=tuple(b.name for b in data.bodies),
+                parent_indices=np.array([b.parent for b in data.bodies]),
+                local_translation=np.array([b.pos for b in data.bodies]),
+            )
+        return cls(
+            node_names=data.body_names,
+            parent_indices=np.array(data.parent_indices),
+            local_translation=data.rest_positions,
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -133,17 +143,22 @@ class SkeletonTree:
 
     def same_as(self, other: SkeletonTree, *, atol: float = 1e-9) -> bool:
         """Same names, parents and (within ``atol``) translations."""
-        return (self.node_names == other.node_names
-                and np.array_equal(self.parent_indices, other.parent_indices)
-                and np.allclose(self.local_translation, other.local_translation, atol=atol))
+        return (
+            self.node_names == other.node_names
+            and np.array_equal(self.parent_indices, other.parent_indices)
+            and np.allclose(self.local_translation, other.local_translation, atol=atol)
+        )
 
     @cached_property
     def kinematics(self) -> BodyKinematics:
         return BodyKinematics(tree_plan_from_rest(self.parent_indices, self.local_translation))
 
     def to_dict(self) -> dict:
-        return {"node_names": np.array(self.node_names), "parent_indices": self.parent_indices,
-                "local_translation": self.local_translation}
+        return {
+            "node_names": np.array(self.node_names),
+            "parent_indices": self.parent_indices,
+            "local_translation": self.local_translation,
+        }
 
 
 class SkeletonState:
@@ -163,8 +178,9 @@ class SkeletonState:
 
     __slots__ = ("tree", "root_translation", "local_rotation", "local_translation", "_global")
 
-    def __init__(self, tree: SkeletonTree, root_translation, local_rotation, local_translation=None, *,
-                 skip_checks: bool = False):
+    def __init__(
+        self, tree: SkeletonTree, root_translation, local_rotation, local_translation=None, *, skip_checks: bool = False
+    ):
         self.tree = tree
         rt = _as_float_array(root_translation, "root_translation")
         lr = _as_float_array(local_rotation, "local_rotation")
@@ -172,14 +188,17 @@ class SkeletonState:
         if not skip_checks:
             n = tree.num_nodes
             if lr.ndim < 2 or tuple(lr.shape[-2:]) != (n, 4):
-                raise ShapeError(f"shape {tuple(lr.shape)}; expected [..., {n}, 4] (WXYZ per node)",
-                                 item="local_rotation")
+                raise ShapeError(
+                    f"shape {tuple(lr.shape)}; expected [..., {n}, 4] (WXYZ per node)", item="local_rotation"
+                )
             if tuple(rt.shape) != tuple(lr.shape[:-2]) + (3,):
-                raise ShapeError(f"shape {tuple(rt.shape)}; expected {tuple(lr.shape[:-2]) + (3,)}",
-                                 item="root_translation")
+                raise ShapeError(
+                    f"shape {tuple(rt.shape)}; expected {tuple(lr.shape[:-2]) + (3,)}", item="root_translation"
+                )
             if lt is not None and tuple(lt.shape) != tuple(lr.shape[:-1]) + (3,):
-                raise ShapeError(f"shape {tuple(lt.shape)}; expected {tuple(lr.shape[:-1]) + (3,)}",
-                                 item="local_translation")
+                raise ShapeError(
+                    f"shape {tuple(lt.shape)}; expected {tuple(lr.shape[:-1]) + (3,)}", item="local_translation"
+                )
             for name, arr in (("root_translation", rt), ("local_rotation", lr), ("local_translation", lt)):
                 if arr is not None and not _finite(arr):
                     raise NonFiniteError("holds NaN or inf", item=name)
@@ -197,8 +216,9 @@ class SkeletonState:
         return cls(tree, tree.local_translation[0].astype(dtype), lr)
 
     @classmethod
-    def from_global(cls, tree: SkeletonTree, global_rotation, root_translation, local_translation=None,
-                    **kw) -> SkeletonState:
+    def from_global(
+        cls, tree: SkeletonTree, global_rotation, root_translation, local_translation=None, **kw
+    ) -> SkeletonState:
         """Build a state from world rotations ``[..., nodes, 4]``: local = inv(parent global) * global."""
         gr = _as_float_array(global_rotation, "global_rotation")
         parents = tree.parent_indices
@@ -225,8 +245,9 @@ class SkeletonState:
 
     def _fk(self):
         if self._global is None:
-            self._global = self.tree.kinematics.from_local(self.root_translation, self.local_rotation,
-                                                           self.local_translation)
+            self._global = self.tree.kinematics.from_local(
+                self.root_translation, self.local_rotation, self.local_translation
+            )
         return self._global
 
     @property
@@ -266,26 +287,37 @@ class SkeletonState:
         if not isinstance(index, tuple):
             index = (index,)
         lt = None if self.local_translation is None else self.local_translation[index]
-        return SkeletonState(self.tree, self.root_translation[index], self.local_rotation[index], lt,
-                             skip_checks=True)
+        return SkeletonState(self.tree, self.root_translation[index], self.local_rotation[index], lt, skip_checks=True)
 
     def numpy(self) -> SkeletonState:
         """A numpy copy (torch tensors are moved to the CPU)."""
         cvt = lambda a: None if a is None else (a.detach().cpu().numpy() if _is_torch(a) else a)
-        return SkeletonState(self.tree, cvt(self.root_translation), cvt(self.local_rotation),
-                             cvt(self.local_translation), skip_checks=True)
+        return SkeletonState(
+            self.tree,
+            cvt(self.root_translation),
+            cvt(self.local_rotation),
+            cvt(self.local_translation),
+            skip_checks=True,
+        )
 
     def torch(self, device="cpu", dtype=None) -> SkeletonState:
         """Torch tensors on ``device`` (``dtype`` kept unless given)."""
         import torch
 
         cvt = lambda a: None if a is None else torch.as_tensor(a, device=device, dtype=dtype)
-        return SkeletonState(self.tree, cvt(self.root_translation), cvt(self.local_rotation),
-                             cvt(self.local_translation), skip_checks=True)
+        return SkeletonState(
+            self.tree,
+            cvt(self.root_translation),
+            cvt(self.local_rotation),
+            cvt(self.local_translation),
+            skip_checks=True,
+        )
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(nodes={self.tree.num_nodes}, batch_shape={self.batch_shape}, "
-                f"{'torch' if self.is_torch else 'numpy'} {self.local_rotation.dtype})")
+        return (
+            f"{type(self).__name__}(nodes={self.tree.num_nodes}, batch_shape={self.batch_shape}, "
+            f"{'torch' if self.is_torch else 'numpy'} {self.local_rotation.dtype})"
+        )
 
 
 def _np_dtype(x):
@@ -310,8 +342,17 @@ class SkeletonMotion(SkeletonState):
 
     __slots__ = ("fps", "metadata", "_vel")
 
-    def __init__(self, tree: SkeletonTree, root_translation, local_rotation, fps: float,
-                 local_translation=None, *, metadata: dict | None = None, skip_checks: bool = False):
+    def __init__(
+        self,
+        tree: SkeletonTree,
+        root_translation,
+        local_rotation,
+        fps: float,
+        local_translation=None,
+        *,
+        metadata: dict | None = None,
+        skip_checks: bool = False,
+    ):
         super().__init__(tree, root_translation, local_rotation, local_translation, skip_checks=skip_checks)
         try:
             fps = float(fps)
@@ -320,8 +361,10 @@ class SkeletonMotion(SkeletonState):
         if not (math.isfinite(fps) and fps > 0):
             raise FormatError(f"fps is {fps}; expected a finite number > 0", item="fps")
         if not skip_checks and self.local_rotation.ndim != 3:
-            raise ShapeError(f"local_rotation has shape {tuple(self.local_rotation.shape)}; a motion expects "
-                             "[frames, nodes, 4]", item="local_rotation")
+            raise ShapeError(
+                f"local_rotation has shape {tuple(self.local_rotation.shape)}; a motion expects [frames, nodes, 4]",
+                item="local_rotation",
+            )
         if not skip_checks and self.local_rotation.shape[0] == 0:
             raise ShapeError("the motion has zero frames; expected at least one", item="local_rotation")
         self.fps = fps
@@ -386,8 +429,14 @@ class SkeletonMotion(SkeletonState):
             if step <= 0:
                 raise ShapeError(f"slice step {step}; expected a positive step", item="SkeletonMotion[...]")
             lt = None if self.local_translation is None else self.local_translation[index]
-            return SkeletonMotion(self.tree, self.root_translation[index], self.local_rotation[index],
-                                  self.fps / step, lt, metadata=self.metadata)
+            return SkeletonMotion(
+                self.tree,
+                self.root_translation[index],
+                self.local_rotation[index],
+                self.fps / step,
+                lt,
+                metadata=self.metadata,
+            )
         return SkeletonState.__getitem__(self, index)
 
     def resample(self, fps: float) -> SkeletonMotion:
@@ -420,13 +469,27 @@ class SkeletonMotion(SkeletonState):
 
     def numpy(self) -> SkeletonMotion:
         s = SkeletonState.numpy(self)
-        return SkeletonMotion(self.tree, s.root_translation, s.local_rotation, self.fps, s.local_translation,
-                              metadata=self.metadata, skip_checks=True)
+        return SkeletonMotion(
+            self.tree,
+            s.root_translation,
+            s.local_rotation,
+            self.fps,
+            s.local_translation,
+            metadata=self.metadata,
+            skip_checks=True,
+        )
 
     def torch(self, device="cpu", dtype=None) -> SkeletonMotion:
         s = SkeletonState.torch(self, device, dtype)
-        return SkeletonMotion(self.tree, s.root_translation, s.local_rotation, self.fps, s.local_translation,
-                              metadata=self.metadata, skip_checks=True)
+        return SkeletonMotion(
+            self.tree,
+            s.root_translation,
+            s.local_rotation,
+            self.fps,
+            s.local_translation,
+            metadata=self.metadata,
+            skip_checks=True,
+        )
 
     # -- files -----------------------------------------------------------------------------------------
     def save_npz(self, path: str | os.PathLike) -> None:
@@ -437,12 +500,15 @@ class SkeletonMotion(SkeletonState):
         ``metadata_json``."""
         m = self.numpy()
         arrays = {
-            "format": np.array(SKELETON_MOTION_FORMAT), "version": np.array(SKELETON_MOTION_VERSION),
+            "format": np.array(SKELETON_MOTION_FORMAT),
+            "version": np.array(SKELETON_MOTION_VERSION),
             "node_names": np.array(self.tree.node_names, dtype=np.str_),
             "parent_indices": self.tree.parent_indices,
             "tree_local_translation": self.tree.local_translation,
-            "root_translation": m.root_translation, "local_rotation_wxyz": m.local_rotation,
-            "fps": np.array(self.fps), "metadata_json": np.array(json.dumps(self.metadata, sort_keys=True)),
+            "root_translation": m.root_translation,
+            "local_rotation_wxyz": m.local_rotation,
+            "fps": np.array(self.fps),
+            "metadata_json": np.array(json.dumps(self.metadata, sort_keys=True)),
         }
         if m.local_translation is not None:
             arrays["local_translation"] = m.local_translation
@@ -451,16 +517,30 @@ class SkeletonMotion(SkeletonState):
     @classmethod
     def load_npz(cls, path: str | os.PathLike) -> SkeletonMotion:
         """Read a file written by :meth:`save_npz` (pickle is refused)."""
-        keys = ("format", "node_names", "parent_indices", "tree_local_translation", "root_translation",
-                "local_rotation_wxyz", "fps")
+        keys = (
+            "format",
+            "node_names",
+            "parent_indices",
+            "tree_local_translation",
+            "root_translation",
+            "local_rotation_wxyz",
+            "fps",
+        )
         z = load_npz(path, required=keys, kind="skeleton motion")
         if str(z["format"]) != SKELETON_MOTION_FORMAT:
             raise FormatError(f"format is {str(z['format'])!r}; expected {SKELETON_MOTION_FORMAT!r}", path=path)
         try:
-            tree = SkeletonTree(tuple(str(x) for x in z["node_names"]), z["parent_indices"],
-                                z["tree_local_translation"])
+            tree = SkeletonTree(
+                tuple(str(x) for x in z["node_names"]), z["parent_indices"], z["tree_local_translation"]
+            )
             meta = json.loads(str(z["metadata_json"])) if "metadata_json" in z else {}
-            return cls(tree, z["root_translation"], z["local_rotation_wxyz"], float(z["fps"]),
-                       z.get("local_translation"), metadata=meta)
+            return cls(
+                tree,
+                z["root_translation"],
+                z["local_rotation_wxyz"],
+                float(z["fps"]),
+                z.get("local_translation"),
+                metadata=meta,
+            )
         except (FormatError, ShapeError) as exc:
             raise type(exc)(str(exc), path=path) from exc

@@ -16,8 +16,19 @@ from .mjcf import MJCFLoader
 from .urdf import URDFLoader
 
 __all__ = [
-    "ArticulationDesc", "BodyDesc", "JointDesc", "GeomDesc", "MimicDesc", "TendonDesc", "CycleJointDesc",
-    "JointType", "GeomType", "MJCFLoader", "URDFLoader", "reorder_bodies", "load",
+    "ArticulationDesc",
+    "BodyDesc",
+    "JointDesc",
+    "GeomDesc",
+    "MimicDesc",
+    "TendonDesc",
+    "CycleJointDesc",
+    "JointType",
+    "GeomType",
+    "MJCFLoader",
+    "URDFLoader",
+    "reorder_bodies",
+    "load",
 ]
 
 

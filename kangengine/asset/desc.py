@@ -273,17 +273,16 @@ class ArticulationDesc:
         seen: dict[str, int] = {}
         for i, b in enumerate(self.bodies):
             if "/" in b.name:
-                raise DuplicateNameError(
-                    f"body name {b.name!r} holds '/', which is reserved for 'actor/link'", **where
-                )
+                raise DuplicateNameError(f"body name {b.name!r} holds '/', which is reserved for 'actor/link'", **where)
             if b.name in seen:
-                raise DuplicateNameError(f"body name {b.name!r} is used twice (bodies {seen[b.name]} and {i})",
-                                         **where)
+                raise DuplicateNameError(f"body name {b.name!r} is used twice (bodies {seen[b.name]} and {i})", **where)
             seen[b.name] = i
             if not -1 <= b.parent < i:
                 raise TopologyError(
                     f"body {b.name!r} (index {i}) has parent index {b.parent}; expected a parent listed "
-                    "before it (parent-first order) or -1 for the root", **where)
+                    "before it (parent-first order) or -1 for the root",
+                    **where,
+                )
         roots = [b.name for b in self.bodies if b.parent == -1]
         if len(self.bodies) == 0:
             raise TopologyError("the articulation has no bodies; expected at least one", **where)
@@ -301,8 +300,7 @@ class ArticulationDesc:
             if not 0 <= j.body < len(self.bodies) or i not in self.bodies[j.body].joints:
                 raise TopologyError(f"joint {j.name!r} is not listed by the body it moves", **where)
             if j.type is JointType.FREE and (self.bodies[j.body].parent != -1 or self.bodies[j.body].joints[0] != i):
-                raise TopologyError(
-                    f"free joint {j.name!r} must be the first joint of the root body", **where)
+                raise TopologyError(f"free joint {j.name!r} must be the first joint of the root body", **where)
 
     # -- queries --------------------------------------------------------------------------------
     @property
@@ -327,16 +325,14 @@ class ArticulationDesc:
         for i, b in enumerate(self.bodies):
             if b.name == name:
                 return i
-        raise UnknownNameError(f"no body {name!r}; bodies are: {', '.join(self.body_names)}",
-                               path=self.source)
+        raise UnknownNameError(f"no body {name!r}; bodies are: {', '.join(self.body_names)}", path=self.source)
 
     def joint_index(self, name: str) -> int:
         """Index of joint ``name``; :class:`UnknownNameError` listing the joints otherwise."""
         for i, j in enumerate(self.joints):
             if j.name == name:
                 return i
-        raise UnknownNameError(f"no joint {name!r}; joints are: {', '.join(self.joint_names)}",
-                               path=self.source)
+        raise UnknownNameError(f"no joint {name!r}; joints are: {', '.join(self.joint_names)}", path=self.source)
 
     def children(self, body: int) -> list[int]:
         """Indices of the direct children of ``body`` (-1: the root)."""

@@ -40,11 +40,13 @@ __all__ = ["MJCFLoader"]
 
 def _quat_to_matrix(q: np.ndarray) -> np.ndarray:
     w, x, y, z = q / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 class MJCFLoader:
@@ -90,8 +92,15 @@ class MJCFLoader:
 
 
 _JTYPE = {0: JointType.FREE, 1: JointType.BALL, 2: JointType.SLIDE, 3: JointType.HINGE}
-_GTYPE = {0: GeomType.PLANE, 2: GeomType.SPHERE, 3: GeomType.CAPSULE, 4: GeomType.ELLIPSOID,
-          5: GeomType.CYLINDER, 6: GeomType.BOX, 7: GeomType.MESH}
+_GTYPE = {
+    0: GeomType.PLANE,
+    2: GeomType.SPHERE,
+    3: GeomType.CAPSULE,
+    4: GeomType.ELLIPSOID,
+    5: GeomType.CYLINDER,
+    6: GeomType.BOX,
+    7: GeomType.MESH,
+}
 
 
 def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
@@ -107,8 +116,9 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         raise TopologyError("the model has no bodies besides the world; expected one articulation", path=src)
     if len(roots) != 1:
         raise TopologyError(
-            f"the world has {len(roots)} child bodies ({', '.join(roots)}); expected exactly one "
-            "articulation root", path=src)
+            f"the world has {len(roots)} child bodies ({', '.join(roots)}); expected exactly one articulation root",
+            path=src,
+        )
 
     # Joint names and per-joint effort limits from actuators.
     effort: dict[int, float] = {}
@@ -120,8 +130,11 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         lim = None
         if m.actuator_forcelimited[a]:
             lim = gear * float(np.max(np.abs(m.actuator_forcerange[a])))
-        elif (m.actuator_ctrllimited[a] and m.actuator_gaintype[a] == mujoco.mjtGain.mjGAIN_FIXED
-              and m.actuator_biastype[a] == mujoco.mjtBias.mjBIAS_NONE):
+        elif (
+            m.actuator_ctrllimited[a]
+            and m.actuator_gaintype[a] == mujoco.mjtGain.mjGAIN_FIXED
+            and m.actuator_biastype[a] == mujoco.mjtBias.mjBIAS_NONE
+        ):
             lim = gear * abs(float(m.actuator_gainprm[a, 0])) * float(np.max(np.abs(m.actuator_ctrlrange[a])))
         if lim is not None:
             effort[j] = effort.get(j, 0.0) + lim
@@ -146,37 +159,42 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
             lim = jl if lim is None else min(lim, jl)
         scalar = jt in (JointType.HINGE, JointType.SLIDE)
         body_joints[b].append(len(joints))
-        joints.append(JointDesc(
-            name=joint_names[j],
-            type=jt,
-            body=b,
-            axis=m.jnt_axis[j] if scalar else (0.0, 0.0, 1.0),
-            anchor=m.jnt_pos[j],
-            range=(float(m.jnt_range[j, 0]), float(m.jnt_range[j, 1])) if limited and jt is not JointType.FREE
-            else None,
-            ref=float(m.qpos0[qadr]) if scalar else 0.0,
-            armature=float(m.dof_armature[dadr]),
-            damping=float(m.dof_damping[dadr]),
-            frictionloss=float(m.dof_frictionloss[dadr]),
-            stiffness=float(m.jnt_stiffness[j]),
-            spring_ref=float(m.qpos_spring[qadr]) if scalar else 0.0,
-            effort_limit=None if jt is JointType.FREE else lim,
-        ))
+        joints.append(
+            JointDesc(
+                name=joint_names[j],
+                type=jt,
+                body=b,
+                axis=m.jnt_axis[j] if scalar else (0.0, 0.0, 1.0),
+                anchor=m.jnt_pos[j],
+                range=(float(m.jnt_range[j, 0]), float(m.jnt_range[j, 1]))
+                if limited and jt is not JointType.FREE
+                else None,
+                ref=float(m.qpos0[qadr]) if scalar else 0.0,
+                armature=float(m.dof_armature[dadr]),
+                damping=float(m.dof_damping[dadr]),
+                frictionloss=float(m.dof_frictionloss[dadr]),
+                stiffness=float(m.jnt_stiffness[j]),
+                spring_ref=float(m.qpos_spring[qadr]) if scalar else 0.0,
+                effort_limit=None if jt is JointType.FREE else lim,
+            )
+        )
 
     bodies = []
     for i in range(1, m.nbody):
         rot = _quat_to_matrix(np.asarray(m.body_iquat[i], dtype=np.float64))
         inertia = rot @ np.diag(m.body_inertia[i]) @ rot.T
-        bodies.append(BodyDesc(
-            name=body_names[i - 1],
-            parent=int(m.body_parentid[i]) - 1,
-            pos=m.body_pos[i],
-            quat_wxyz=m.body_quat[i],
-            mass=float(m.body_mass[i]),
-            com=m.body_ipos[i],
-            inertia=inertia,
-            joints=tuple(body_joints[i - 1]),
-        ))
+        bodies.append(
+            BodyDesc(
+                name=body_names[i - 1],
+                parent=int(m.body_parentid[i]) - 1,
+                pos=m.body_pos[i],
+                quat_wxyz=m.body_quat[i],
+                mass=float(m.body_mass[i]),
+                com=m.body_ipos[i],
+                inertia=inertia,
+                joints=tuple(body_joints[i - 1]),
+            )
+        )
 
     geoms = []
     gcount: dict[int, int] = {}
@@ -192,19 +210,21 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         if gt is GeomType.MESH:
             mesh = m.mesh(int(m.geom_dataid[g])).name
             mesh_file = mesh_files.get(mesh)
-        geoms.append(GeomDesc(
-            name=m.geom(g).name or f"{owner}_geom{k}",
-            body=b - 1,
-            type=gt,
-            size=m.geom_size[g],
-            pos=m.geom_pos[g],
-            quat_wxyz=m.geom_quat[g],
-            contype=int(m.geom_contype[g]),
-            conaffinity=int(m.geom_conaffinity[g]),
-            friction=m.geom_friction[g],
-            mesh=mesh,
-            mesh_file=mesh_file,
-        ))
+        geoms.append(
+            GeomDesc(
+                name=m.geom(g).name or f"{owner}_geom{k}",
+                body=b - 1,
+                type=gt,
+                size=m.geom_size[g],
+                pos=m.geom_pos[g],
+                quat_wxyz=m.geom_quat[g],
+                contype=int(m.geom_contype[g]),
+                conaffinity=int(m.geom_conaffinity[g]),
+                friction=m.geom_friction[g],
+                mesh=mesh,
+                mesh_file=mesh_file,
+            )
+        )
 
     exclusions = []
     for e in range(m.nexclude):
@@ -222,38 +242,64 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         if etype == mujoco.mjtEq.mjEQ_JOINT and m.eq_obj2id[e] >= 0:
             j1, j2 = int(m.eq_obj1id[e]), int(m.eq_obj2id[e])
             if np.any(data[2:5] != 0):
-                warnings.warn(f"{src}: joint equality {m.eq(e).name or e} is polynomial of degree > 1; "
-                              "only linear couplings are kept as mimic joints, this one is skipped", stacklevel=3)
+                warnings.warn(
+                    f"{src}: joint equality {m.eq(e).name or e} is polynomial of degree > 1; "
+                    "only linear couplings are kept as mimic joints, this one is skipped",
+                    stacklevel=3,
+                )
                 continue
             q10, q20 = float(m.qpos0[m.jnt_qposadr[j1]]), float(m.qpos0[m.jnt_qposadr[j2]])
-            mimics.append(MimicDesc(joint=joint_names[j1], leader=joint_names[j2], multiplier=float(data[1]),
-                                    offset=float(data[0] + q10 - data[1] * q20)))
+            mimics.append(
+                MimicDesc(
+                    joint=joint_names[j1],
+                    leader=joint_names[j2],
+                    multiplier=float(data[1]),
+                    offset=float(data[0] + q10 - data[1] * q20),
+                )
+            )
         elif etype == mujoco.mjtEq.mjEQ_CONNECT and int(m.eq_objtype[e]) == mujoco.mjtObj.mjOBJ_BODY:
             b1, b2 = int(m.eq_obj1id[e]), int(m.eq_obj2id[e])
             if b1 > 0 and b2 > 0:
-                cycles.append(CycleJointDesc(
-                    name=m.eq(e).name or f"cycle{len(cycles)}", parent=body_names[b2 - 1],
-                    child=body_names[b1 - 1], pivot=data[0:3], parent_pivot=data[3:6]))
+                cycles.append(
+                    CycleJointDesc(
+                        name=m.eq(e).name or f"cycle{len(cycles)}",
+                        parent=body_names[b2 - 1],
+                        child=body_names[b1 - 1],
+                        pivot=data[0:3],
+                        parent_pivot=data[3:6],
+                    )
+                )
 
     tendons = []
     for t in range(m.ntendon):
         adr, num = int(m.tendon_adr[t]), int(m.tendon_num[t])
         if not all(m.wrap_type[adr + k] == mujoco.mjtWrap.mjWRAP_JOINT for k in range(num)):
             continue  # spatial tendons are not represented
-        tendons.append(TendonDesc(
-            name=m.tendon(t).name or f"tendon{t}",
-            joints=tuple(joint_names[int(m.wrap_objid[adr + k])] for k in range(num)),
-            coefficients=tuple(float(m.wrap_prm[adr + k]) for k in range(num)),
-            stiffness=float(m.tendon_stiffness[t]) if np.ndim(m.tendon_stiffness[t]) == 0
-            else float(np.asarray(m.tendon_stiffness[t]).ravel()[0]),
-            damping=float(m.tendon_damping[t]) if np.ndim(m.tendon_damping[t]) == 0
-            else float(np.asarray(m.tendon_damping[t]).ravel()[0]),
-            range=(float(m.tendon_range[t, 0]), float(m.tendon_range[t, 1])) if m.tendon_limited[t] else None,
-        ))
+        tendons.append(
+            TendonDesc(
+                name=m.tendon(t).name or f"tendon{t}",
+                joints=tuple(joint_names[int(m.wrap_objid[adr + k])] for k in range(num)),
+                coefficients=tuple(float(m.wrap_prm[adr + k]) for k in range(num)),
+                stiffness=float(m.tendon_stiffness[t])
+                if np.ndim(m.tendon_stiffness[t]) == 0
+                else float(np.asarray(m.tendon_stiffness[t]).ravel()[0]),
+                damping=float(m.tendon_damping[t])
+                if np.ndim(m.tendon_damping[t]) == 0
+                else float(np.asarray(m.tendon_damping[t]).ravel()[0]),
+                range=(float(m.tendon_range[t, 0]), float(m.tendon_range[t, 1])) if m.tendon_limited[t] else None,
+            )
+        )
 
     return ArticulationDesc(
         name=m.names[: m.names.index(b"\0")].decode() if m.names else path.stem,
-        bodies=tuple(bodies), joints=tuple(joints), geoms=tuple(geoms), mimics=tuple(mimics),
-        tendons=tuple(tendons), cycles=tuple(cycles), contact_exclusions=tuple(exclusions),
-        order="DFS", source=src, gravity=m.opt.gravity,
+        bodies=tuple(bodies),
+        joints=tuple(joints),
+        geoms=tuple(geoms),
+        mimics=tuple(mimics),
+        tendons=tuple(tendons),
+        cycles=tuple(cycles),
+        contact_exclusions=tuple(exclusions),
+        order="DFS",
+        source=src,
+        gravity=m.opt.gravity,
     )

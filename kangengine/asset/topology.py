@@ -58,5 +58,7 @@ def body_order(parents: Sequence[int], order: str, *, path=None, names: Sequence
         raise TopologyError(
             "the kinematic graph is not a tree: nodes "
             + ", ".join(label(i) for i in missing[:10])
-            + " are on a cycle or not connected to the root", path=path)
+            + " are on a cycle or not connected to the root",
+            path=path,
+        )
     return out

@@ -39,21 +39,25 @@ def _rpy_to_quat(rpy) -> np.ndarray:
     r, p, y = (0.5 * float(a) for a in rpy)
     cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
     # q = qz(yaw) * qy(pitch) * qx(roll)
-    return np.array([
-        cy * cp * cr + sy * sp * sr,
-        cy * cp * sr - sy * sp * cr,
-        cy * sp * cr + sy * cp * sr,
-        sy * cp * cr - cy * sp * sr,
-    ])
+    return np.array(
+        [
+            cy * cp * cr + sy * sp * sr,
+            cy * cp * sr - sy * sp * cr,
+            cy * sp * cr + sy * cp * sr,
+            sy * cp * cr - cy * sp * sr,
+        ]
+    )
 
 
 def _quat_to_matrix(q) -> np.ndarray:
     w, x, y, z = q
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 class _Reader:
@@ -69,11 +73,13 @@ class _Reader:
         try:
             vals = [float(t) for t in text.split()]
         except ValueError:
-            raise FormatError(f"attribute {attr}={text!r} is not numeric; expected {n} numbers",
-                              path=self.path, item=what) from None
+            raise FormatError(
+                f"attribute {attr}={text!r} is not numeric; expected {n} numbers", path=self.path, item=what
+            ) from None
         if len(vals) != n:
-            raise FormatError(f"attribute {attr}={text!r} has {len(vals)} numbers; expected {n}",
-                              path=self.path, item=what)
+            raise FormatError(
+                f"attribute {attr}={text!r} has {len(vals)} numbers; expected {n}", path=self.path, item=what
+            )
         arr = np.array(vals, dtype=np.float64)
         if not np.all(np.isfinite(arr)):
             raise FormatError(f"attribute {attr}={text!r} is not finite", path=self.path, item=what)
@@ -95,8 +101,10 @@ class _Reader:
         o = el.find("origin") if el is not None else None
         if o is None:
             return np.zeros(3), np.array([1.0, 0.0, 0.0, 0.0])
-        return (self.floats(o, "xyz", 3, (0, 0, 0), what=what + "/origin"),
-                _rpy_to_quat(self.floats(o, "rpy", 3, (0, 0, 0), what=what + "/origin")))
+        return (
+            self.floats(o, "xyz", 3, (0, 0, 0), what=what + "/origin"),
+            _rpy_to_quat(self.floats(o, "rpy", 3, (0, 0, 0), what=what + "/origin")),
+        )
 
 
 class URDFLoader:
@@ -128,8 +136,9 @@ class URDFLoader:
         try:
             root = DET.parse(str(path), forbid_dtd=True).getroot()
         except DefusedXmlException as exc:
-            raise FormatError(f"refused unsafe XML ({type(exc).__name__}); DTDs and entities are not allowed",
-                              path=path) from exc
+            raise FormatError(
+                f"refused unsafe XML ({type(exc).__name__}); DTDs and entities are not allowed", path=path
+            ) from exc
         except Exception as exc:  # xml.etree.ElementTree.ParseError
             raise FormatError(f"malformed XML: {exc}", path=path) from exc
         if root.tag != "robot":
@@ -165,7 +174,8 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
         jtype = el.get("type")
         if jtype not in _JTYPES:
             raise UnsupportedJointError(
-                f"joint type {jtype!r} is not supported; expected one of {sorted(_JTYPES)}", path=src, item=what)
+                f"joint type {jtype!r} is not supported; expected one of {sorted(_JTYPES)}", path=src, item=what
+            )
         p, c = el.find("parent"), el.find("child")
         if p is None or c is None or p.get("link") is None or c.get("link") is None:
             raise FormatError("needs <parent link=...> and <child link=...>", path=src, item=what)
@@ -174,8 +184,9 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
             if ln not in links:
                 raise TopologyError(f"refers to link {ln!r}, which is not defined", path=src, item=what)
         if cl in parent_of:
-            raise TopologyError(f"link {cl!r} has two parent joints ({parent_of[cl][0]!r} and {name!r})",
-                                path=src, item=what)
+            raise TopologyError(
+                f"link {cl!r} has two parent joints ({parent_of[cl][0]!r} and {name!r})", path=src, item=what
+            )
         parent_of[cl] = (name, el)
         joints.append((name, el, pl, cl))
 
@@ -187,8 +198,7 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
         world = "world"
         kids = [j for j in joints if j[2] == "world"]
         if len(kids) != 1:
-            raise TopologyError(f"link 'world' has {len(kids)} child joints; expected one articulation root",
-                                path=src)
+            raise TopologyError(f"link 'world' has {len(kids)} child joints; expected one articulation root", path=src)
     names = [ln for ln in link_order if ln != world]
     index_in_file = {n: i for i, n in enumerate(names)}
     parents_file = []
@@ -218,8 +228,11 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
             what = f"joint {jname!r}"
             pos, quat = rd.origin(jel, what)
             jt = _JTYPES[jel.get("type")]
-            axis = (rd.floats(jel.find("axis"), "xyz", 3, (1, 0, 0), what=what + "/axis")
-                    if jel.find("axis") is not None else np.array([1.0, 0, 0]))
+            axis = (
+                rd.floats(jel.find("axis"), "xyz", 3, (1, 0, 0), what=what + "/axis")
+                if jel.find("axis") is not None
+                else np.array([1.0, 0, 0])
+            )
             if jt in (JointType.HINGE, JointType.SLIDE) and np.linalg.norm(axis) < 1e-12:
                 raise FormatError("axis is zero; expected a non-zero direction", path=src, item=what)
             lim = jel.find("limit")
@@ -234,21 +247,31 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
                 rng = (lo, hi)
             dyn = jel.find("dynamics")
             body_joint_ids.append(len(jdescs))
-            jdescs.append(JointDesc(
-                name=jname, type=jt, body=new, axis=axis if jt in (JointType.HINGE, JointType.SLIDE) else (0, 0, 1),
-                range=rng,
-                damping=rd.scalar(dyn, "damping", 0.0, what=what + "/dynamics") or 0.0,
-                frictionloss=rd.scalar(dyn, "friction", 0.0, what=what + "/dynamics") or 0.0,
-                effort_limit=rd.scalar(lim, "effort", None, what=what + "/limit") if lim is not None else None,
-                velocity_limit=rd.scalar(lim, "velocity", None, what=what + "/limit") if lim is not None else None,
-            ))
+            jdescs.append(
+                JointDesc(
+                    name=jname,
+                    type=jt,
+                    body=new,
+                    axis=axis if jt in (JointType.HINGE, JointType.SLIDE) else (0, 0, 1),
+                    range=rng,
+                    damping=rd.scalar(dyn, "damping", 0.0, what=what + "/dynamics") or 0.0,
+                    frictionloss=rd.scalar(dyn, "friction", 0.0, what=what + "/dynamics") or 0.0,
+                    effort_limit=rd.scalar(lim, "effort", None, what=what + "/limit") if lim is not None else None,
+                    velocity_limit=rd.scalar(lim, "velocity", None, what=what + "/limit") if lim is not None else None,
+                )
+            )
             mim = jel.find("mimic")
             if mim is not None:
                 if mim.get("joint") is None:
                     raise FormatError("<mimic> needs a joint attribute", path=src, item=what)
-                mimics.append(MimicDesc(joint=jname, leader=mim.get("joint"),
-                                        multiplier=rd.scalar(mim, "multiplier", 1.0, what=what + "/mimic"),
-                                        offset=rd.scalar(mim, "offset", 0.0, what=what + "/mimic")))
+                mimics.append(
+                    MimicDesc(
+                        joint=jname,
+                        leader=mim.get("joint"),
+                        multiplier=rd.scalar(mim, "multiplier", 1.0, what=what + "/mimic"),
+                        offset=rd.scalar(mim, "offset", 0.0, what=what + "/mimic"),
+                    )
+                )
         mass, com, inertia = 0.0, np.zeros(3), np.zeros((3, 3))
         inert = el.find("inertial")
         what = f"link {ln!r}"
@@ -262,17 +285,26 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
             com, iq = rd.origin(inert, what + "/inertial")
             i_el = inert.find("inertia")
             if i_el is None and not strict:
-                warnings.warn(f"{src}: {what}: <inertial> has no <inertia>; using a zero inertia tensor "
-                              "(strict=False)", stacklevel=4)
+                warnings.warn(
+                    f"{src}: {what}: <inertial> has no <inertia>; using a zero inertia tensor (strict=False)",
+                    stacklevel=4,
+                )
                 i_el = ElementTree.Element("inertia")
             if i_el is None:
-                raise FormatError("<inertial> has no <inertia>; expected ixx ixy ixz iyy iyz izz",
-                                  path=src, item=what + "/inertial")
-            vals = {k: rd.scalar(i_el, k, 0.0, what=what + "/inertial/inertia")
-                    for k in ("ixx", "ixy", "ixz", "iyy", "iyz", "izz")}
-            local = np.array([[vals["ixx"], vals["ixy"], vals["ixz"]],
-                              [vals["ixy"], vals["iyy"], vals["iyz"]],
-                              [vals["ixz"], vals["iyz"], vals["izz"]]])
+                raise FormatError(
+                    "<inertial> has no <inertia>; expected ixx ixy ixz iyy iyz izz", path=src, item=what + "/inertial"
+                )
+            vals = {
+                k: rd.scalar(i_el, k, 0.0, what=what + "/inertial/inertia")
+                for k in ("ixx", "ixy", "ixz", "iyy", "iyz", "izz")
+            }
+            local = np.array(
+                [
+                    [vals["ixx"], vals["ixy"], vals["ixz"]],
+                    [vals["ixy"], vals["iyy"], vals["iyz"]],
+                    [vals["ixz"], vals["iyz"], vals["izz"]],
+                ]
+            )
             rot = _quat_to_matrix(iq)
             inertia = rot @ local @ rot.T
         k = 0
@@ -282,10 +314,27 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
                 geoms.append(g)
                 k += 1
         parent = -1 if parents_file[old] < 0 else new_index[parents_file[old]]
-        bodies.append(BodyDesc(name=ln, parent=parent, pos=pos, quat_wxyz=quat, mass=mass, com=com,
-                               inertia=inertia, joints=tuple(body_joint_ids)))
-    return ArticulationDesc(name=root.get("name") or path.stem, bodies=tuple(bodies), joints=tuple(jdescs),
-                            geoms=tuple(geoms), mimics=tuple(mimics), order=order, source=src)
+        bodies.append(
+            BodyDesc(
+                name=ln,
+                parent=parent,
+                pos=pos,
+                quat_wxyz=quat,
+                mass=mass,
+                com=com,
+                inertia=inertia,
+                joints=tuple(body_joint_ids),
+            )
+        )
+    return ArticulationDesc(
+        name=root.get("name") or path.stem,
+        bodies=tuple(bodies),
+        joints=tuple(jdescs),
+        geoms=tuple(geoms),
+        mimics=tuple(mimics),
+        order=order,
+        source=src,
+    )
 
 
 def _geom(rd: _Reader, col, link: str, body: int, k: int) -> GeomDesc | None:
@@ -315,5 +364,6 @@ def _geom(rd: _Reader, col, link: str, body: int, k: int) -> GeomDesc | None:
         fn = shape.get("filename")
         scale = rd.floats(shape, "scale", 3, (1, 1, 1), what=what + "/mesh")
         return GeomDesc(type=GeomType.MESH, size=scale, mesh=Path(fn).stem if fn else None, mesh_file=fn, **kw)
-    raise FormatError(f"unknown geometry <{shape.tag}>; expected box, sphere, cylinder, capsule or mesh",
-                      path=rd.path, item=what)
+    raise FormatError(
+        f"unknown geometry <{shape.tag}>; expected box, sphere, cylinder, capsule or mesh", path=rd.path, item=what
+    )
