@@ -1,0 +1,212 @@
+"""Helpers shared by the simulator adapters (private).
+
+- :func:`dfs_block_order`: the depth-first (MJCF pre-order) order of a layout's joint blocks, the order
+  MuJoCo and Newton's MJCF importer use, whatever body order the layout was built in.
+- :class:`ColumnMap`: where each native ``q``/``qd`` column comes from in the canonical vectors.
+- :func:`as_articulation_motion`: the motion a ``prepare_motion`` call works on (an ``ArticulationMotion``
+  as given, a ``SkeletonMotion`` through ``ArticulationMotionMapper``).
+- :func:`blend_frames`: the torch blend ``pack_sample`` uses (lerp for vectors, shortest-path slerp for
+  quaternion groups), vectorised over samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..asset.desc import JointType
+from ..errors import LayoutMismatch, ShapeError
+
+__all__ = [
+    "dfs_block_order",
+    "ColumnMap",
+    "column_map",
+    "as_articulation_motion",
+    "blend_frames",
+    "format_mismatches",
+    "torch_index",
+]
+
+
+def dfs_block_order(layout) -> tuple[int, ...]:
+    """Block indices in the depth-first pre-order of the layout's body tree.
+
+    Siblings keep their order in the layout (BFS and DFS loaders both keep the file's sibling order), so
+    for a layout built with ``order="DFS"`` this is ``range(len(layout.blocks))``; for a BFS layout it is
+    the order MuJoCo (and Newton's MJCF importer) lays the same joints out in.
+    """
+    parents = layout.parent_indices
+    children: list[list[int]] = [[] for _ in parents]
+    roots = []
+    for b, p in enumerate(parents):
+        (roots if p < 0 else children[p]).append(b)
+    body_order: list[int] = []
+    stack = list(reversed(roots))
+    while stack:
+        b = stack.pop()
+        body_order.append(b)
+        stack.extend(reversed(children[b]))
+    by_body: dict[int, list[int]] = {}
+    for i, blk in enumerate(layout.blocks):
+        by_body.setdefault(blk.body_index, []).append(i)
+    out = []
+    for b in body_order:
+        out += by_body.get(b, [])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Native columns in terms of canonical ones.
+
+    Attributes:
+        block_order: canonical block indices in native order.
+        q_index: ``[nq] int64``: native ``q`` column ``k`` holds canonical column ``q_index[k]``.
+        qd_index: ``[nv] int64``: the same for velocities.
+        q_inverse, qd_inverse: the inverse permutations (canonical column ``k`` is native ``q_inverse[k]``).
+    """
+
+    block_order: tuple[int, ...]
+    q_index: np.ndarray
+    qd_index: np.ndarray
+    q_inverse: np.ndarray
+    qd_inverse: np.ndarray
+
+    @property
+    def identity(self) -> bool:
+        return bool(
+            np.array_equal(self.q_index, np.arange(self.q_index.size))
+            and np.array_equal(self.qd_index, np.arange(self.qd_index.size))
+        )
+
+
+def column_map(layout, block_order) -> ColumnMap:
+    """:class:`ColumnMap` of ``layout`` for blocks taken in ``block_order``."""
+    q_idx: list[int] = []
+    v_idx: list[int] = []
+    for i in block_order:
+        b = layout.blocks[i]
+        q_idx += range(b.q_offset, b.q_offset + b.q_dim)
+        v_idx += range(b.qd_offset, b.qd_offset + b.qd_dim)
+    qi = np.array(q_idx, dtype=np.int64)
+    vi = np.array(v_idx, dtype=np.int64)
+    qinv = np.empty_like(qi)
+    qinv[qi] = np.arange(qi.size)
+    vinv = np.empty_like(vi)
+    vinv[vi] = np.arange(vi.size)
+    for a in (qi, vi, qinv, vinv):
+        a.setflags(write=False)
+    return ColumnMap(tuple(block_order), qi, vi, qinv, vinv)
+
+
+def as_articulation_motion(layout, motion, *, skeleton_motion=None):
+    """The ``ArticulationMotion`` an adapter packs for ``motion``.
+
+    An ``ArticulationMotion`` is used as it is (its signature must match the layout); a ``SkeletonMotion``
+    is mapped with ``ArticulationMotionMapper(layout).to_articulation_motion(...)``. When ``motion`` is
+    neither, ``skeleton_motion`` is mapped.
+    """
+    from ..animation.motion import ArticulationMotion
+
+    if isinstance(motion, ArticulationMotion):
+        motion.check_layout(layout)
+        return motion
+    source = motion if _is_skeleton_motion(motion) else skeleton_motion
+    if source is None or not _is_skeleton_motion(source):
+        raise ShapeError(
+            f"got {type(motion).__name__}; expected an ArticulationMotion or a SkeletonMotion",
+            item="prepare_motion(motion)",
+        )
+    from ..animation.mapper import ArticulationMotionMapper
+
+    return ArticulationMotionMapper(layout).to_articulation_motion(source).motion
+
+
+def _is_skeleton_motion(x) -> bool:
+    from ..animation.skeleton import SkeletonMotion
+
+    return isinstance(x, SkeletonMotion)
+
+
+def format_mismatches(what: str, problems: list[str]) -> str:
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"{what} does not match the layout ({len(problems)} problem{'s' if len(problems) != 1 else ''}):\n{lines}"
+
+
+def check_2d(name: str, x, width: int, *, source=None):
+    if x.ndim != 2 or x.shape[1] != width:
+        raise ShapeError(f"shape {tuple(x.shape)}; expected [frames, {width}]", path=source, item=name)
+
+
+def float_dtype(*arrays):
+    """float64 when any input is float64, else float32."""
+    return np.float64 if any(np.asarray(a).dtype == np.float64 for a in arrays) else np.float32
+
+
+def torch_index(index: np.ndarray, like):
+    import torch
+
+    return torch.as_tensor(index, dtype=torch.long, device=like.device)
+
+
+def blend_frames(x0, x1, blend, quat_columns=None, *, scalar_first=True):
+    """Blend native frames: lerp every column, then slerp the quaternion column groups.
+
+    Args:
+        x0, x1: ``[n, width]`` torch tensors.
+        blend: ``[n]`` weight of ``x1``.
+        quat_columns: ``[k, 4] int64`` column indices of each quaternion, in storage order.
+        scalar_first: the quaternions are stored ``(w, x, y, z)`` (else ``(x, y, z, w)``).
+    Returns:
+        ``[n, width]``.
+    """
+    from .. import rotations as R
+
+    t = blend.to(x0.dtype).reshape(-1, 1)
+    out = x0 + (x1 - x0) * t
+    if quat_columns is not None and len(quat_columns):
+        cols = torch_index(np.asarray(quat_columns).reshape(-1), x0)
+        k = len(quat_columns)
+        qa = x0[:, cols].reshape(-1, k, 4)
+        qb = x1[:, cols].reshape(-1, k, 4)
+        if not scalar_first:
+            qa = qa[..., [3, 0, 1, 2]]
+            qb = qb[..., [3, 0, 1, 2]]
+        qs = R.quat_slerp(qa, qb, t.reshape(-1, 1))
+        if not scalar_first:
+            qs = qs[..., [1, 2, 3, 0]]
+        out[:, cols] = qs.reshape(-1, k * 4)
+    return out
+
+
+def quaternion_columns(layout, cmap: ColumnMap, *, offset_in_block: dict) -> np.ndarray:
+    """``[k, 4]`` native column indices of every quaternion (free root and ball blocks).
+
+    ``offset_in_block`` maps a :class:`JointType` to where its quaternion starts inside the block's native
+    ``q`` (free: 3, ball: 0).
+    """
+    native_start = {}
+    pos = 0
+    for i in cmap.block_order:
+        native_start[i] = pos
+        pos += layout.blocks[i].q_dim
+    rows = []
+    for i in cmap.block_order:
+        b = layout.blocks[i]
+        if b.joint_type in offset_in_block:
+            s = native_start[i] + offset_in_block[b.joint_type]
+            rows.append([s, s + 1, s + 2, s + 3])
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def require_layout_match(motion, layout) -> None:
+    if motion.layout_signature != layout.model_signature or (motion.nq, motion.nv) != (layout.nq, layout.nv):
+        raise LayoutMismatch(
+            f"motion has nq={motion.nq}, nv={motion.nv}, signature {motion.layout_signature}; the adapter's layout "
+            f"has nq={layout.nq}, nv={layout.nv}, signature {layout.model_signature}",
+            path=layout.source,
+        )
+
+
+ROTATING = (JointType.FREE, JointType.BALL)
