@@ -1,0 +1,967 @@
+"""`ArticulationMotionMapper`: skeleton motion on an articulation's own skeleton <-> articulation motion.
+
+The skeleton of an articulation is ``SkeletonTree.from_articulation(desc)``: one node per body, same
+names and order. A :class:`~kangengine.animation.SkeletonState` of it holds, per body, the local rotation
+``parent_from_body`` *including* the body's rest rotation (``layout.rest_rotations_wxyz``). The mapper
+splits each body's joint rotation ``J = rest^-1 * local`` onto the body's own joints, exactly, on the
+model's real axes, and reports the rotation the joints cannot represent.
+
+Per body (``J`` in the body frame; several hinges compose as ``exp(a1 t1) exp(a2 t2) ...``, the first
+joint of the body applied first, as MuJoCo does):
+
+==========================  ======================================================================
+joints on the body          decomposition
+==========================  ======================================================================
+free (root)                 ``q = (root position, root rotation)`` in world; residual 0
+ball                        the joint quaternion ``J``, sign-continuous in time; residual 0
+                            (other rotational joints on the body stay at ``ref``)
+1 hinge                     swing-twist about the axis: angle = twist, residual = swing angle
+2 hinges                    closed-form best fit: the top singular pair of a 2x2 matrix gives the
+                            half-angles that maximise ``|<exp(a1 t1) exp(a2 t2), J>|``, i.e. minimise
+                            the geodesic residual (exact for any axes)
+3 hinges                    closed-form generalised (Davenport) Euler angles for any axes with
+                            consecutive axes not parallel (Shuster & Markley 2003); both branches;
+                            a few Gauss-Newton steps where the rotation is out of reach of the axes
+other (parallel consecutive vectorised Gauss-Newton on the rotation error, seeded by coordinate sweeps
+axes, > 3 hinges)
+slides                      held at ``ref`` (zero displacement): a skeleton carries no joint
+                            translations the mapper would trust
+fixed / no joint            nothing to solve; residual = angle between ``J`` and the identity
+==========================  ======================================================================
+
+Over time (motions), the two branches of a 3-hinge body are followed as two continuous tracks (a
+vectorised matching of consecutive frames, see :meth:`ArticulationMotionMapper.to_articulation_motion`),
+angles are unwrapped (no 2*pi jumps) and each hinge is shifted by a constant multiple of 2*pi that puts
+it inside its limits. Everything is vectorised over frames; Python loops run over groups of bodies that
+share one joint structure (e.g. all x/y/z hinge triplets are solved as one batch).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import rotations as R
+from ..asset.desc import JointType
+from ..errors import LayoutMismatch, MotionError, ShapeError, UnknownNameError
+from .kinematics import _add, _mul, _sub
+from .layout import ArticulationCoordinateLayout
+from .motion import ArticulationMotion
+from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
+
+__all__ = ["ArticulationMotionMapper", "MappingResult", "CoordinatesResult", "SkeletonOffsetWarning"]
+
+_TWO_PI = 2.0 * math.pi
+_COST_ANGLE_WEIGHT = 1e-3  # branch choice: limit violation first, then small angles
+_COST_RESIDUAL_WEIGHT = 10.0
+_GIMBAL_SIN = 1e-2  # below this sin(alpha), the third Davenport angle comes from the remainder
+_REFINE_TOL = 1e-7  # rad: Gauss-Newton refines frames whose closed-form residual exceeds this
+_CHUNK = 4096  # frames per block in the per-frame stage (keeps temporaries in cache)
+
+
+class SkeletonOffsetWarning(UserWarning):
+    """The skeleton's names and parents match the layout but its rest translations do not: rotations
+    map as usual, but body positions of the mapped ``q`` follow the articulation, not the skeleton."""
+
+
+@dataclass(frozen=True)
+class MappingResult:
+    """Result of :meth:`ArticulationMotionMapper.to_articulation_motion`.
+
+    Attributes:
+        motion: the :class:`~kangengine.animation.ArticulationMotion` (``q [frames, nq]``, ``qd [frames,
+            nv]`` float32, canonical tangent convention, the layout's signature).
+        residual_angles: ``[frames, bodies]`` rad, float32 for float32 input else float64: geodesic angle
+            between the wanted joint rotation of each body and the one its joints reproduce (clamping
+            included when asked). Bodies in ``layout.body_names`` order; 0 for the free root, ball
+            joints and bodies whose joints reach every rotation (e.g. 3 hinges with the middle axis
+            perpendicular to the other two), by construction.
+        clamped: ``[frames, nv]`` rad (hinges) or m (slides): ``q_clamped - q_unclamped`` per DOF; zeros
+            unless ``clamp_to_limits=True``.
+    """
+
+    motion: ArticulationMotion
+    residual_angles: np.ndarray
+    clamped: np.ndarray
+
+
+@dataclass(frozen=True)
+class CoordinatesResult:
+    """Result of :meth:`ArticulationMotionMapper.to_articulation_coordinates`.
+
+    Attributes:
+        q: ``[..., nq]`` generalized coordinates (the state's batch shape; dtype of the state).
+        residual_angles: ``[..., bodies]`` rad, as in :class:`MappingResult`.
+        clamped: ``[..., nv]``, ``q_clamped - q_unclamped``; zeros unless ``clamp_to_limits=True``.
+    """
+
+    q: np.ndarray
+    residual_angles: np.ndarray
+    clamped: np.ndarray
+
+
+# ------------------------------------------------------------------------------------------------
+# small vector helpers on components (Python floats fold away, see kinematics._mul)
+# ------------------------------------------------------------------------------------------------
+
+
+def _snap(v: float) -> float:
+    v = float(v)
+    if abs(v) < 1e-12:
+        return 0.0
+    if abs(abs(v) - 1.0) < 1e-12:
+        return math.copysign(1.0, v)
+    return v
+
+
+def _snapv(v) -> tuple[float, float, float]:
+    return tuple(_snap(x) for x in v)
+
+
+def _dot(comps, const):
+    out = 0.0
+    for c, k in zip(comps, const):
+        out = _add(out, _mul(c, k))
+    return out
+
+
+def _lin(p0, c, p1, s, p2):
+    """p0 + c p1 + s p2 with folding."""
+    return _add(_add(p0, _mul(c, p1)), _mul(s, p2))
+
+
+def _arr(x, like):
+    """Materialise a folded component as an array shaped like ``like``."""
+    if isinstance(x, float):
+        return np.full_like(like, x)
+    return x
+
+
+class _RotMat:
+    """Rotation-matrix elements of (not necessarily unit) quaternions, computed on demand."""
+
+    def __init__(self, w, x, y, z, scale):
+        self.w, self.x, self.y, self.z, self.s = w, x, y, z, scale
+        self._cache: dict = {}
+
+    def __call__(self, i: int, j: int):
+        key = (i, j)
+        if key not in self._cache:
+            w, x, y, z, s = self.w, self.x, self.y, self.z, self.s
+            if i == j:
+                a, b = [(y, z), (x, z), (x, y)][i]
+                v = 1.0 - s * (a * a + b * b)
+            else:
+                u = (x, y, z)
+                sym = u[i] * u[j]
+                k = 3 - i - j
+                cross = w * u[k]
+                sign = 1.0 if (j - i) % 3 == 1 else -1.0  # R[i][j] = s (u_i u_j -/+ w u_k)
+                v = s * (sym - sign * cross)
+            self._cache[key] = v
+        return self._cache[key]
+
+    def mul_vec(self, a):
+        """``R a`` for a constant vector ``a``."""
+        return tuple(_dot(tuple(self(i, j) if a[j] != 0.0 else 0.0 for j in range(3)), a) for i in range(3))
+
+    def tmul_vec(self, a):
+        """``R^T a`` for a constant vector ``a``."""
+        return tuple(_dot(tuple(self(i, j) if a[i] != 0.0 else 0.0 for i in range(3)), a) for j in range(3))
+
+
+def _wrap(x):
+    """Angles into [-pi, pi] (numpy, in place safe)."""
+    return x - _TWO_PI * np.rint(x / _TWO_PI)
+
+
+def _quat_angle_wxyz(w, x, y, z):
+    """Geodesic rotation angle of (w, x, y, z) components, accurate near 0 and pi."""
+    return 2.0 * np.arctan2(np.sqrt(x * x + y * y + z * z), np.abs(w))
+
+
+# ------------------------------------------------------------------------------------------------
+# generic hinge chains (rare structures; also residuals after clamping)
+# ------------------------------------------------------------------------------------------------
+
+
+def _axis_quats(axes: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """``[..., n, 4]`` quaternions exp(a_i theta_i) for axes ``[n, 3]`` and angles ``[..., n]``."""
+    h = 0.5 * theta
+    s = np.sin(h)
+    return np.concatenate([np.cos(h)[..., None], s[..., None] * axes], axis=-1)
+
+
+def _chain_quat(axes: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """``exp(a1 t1) exp(a2 t2) ...``: ``[..., 4]`` for angles ``[..., n]``."""
+    e = _axis_quats(axes, theta)
+    p = e[..., 0, :]
+    for i in range(1, axes.shape[0]):
+        p = R.quat_multiply(p, e[..., i, :])
+    return p
+
+
+def _chain_residual(J: np.ndarray, axes: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Angle ``[...]`` between ``J [..., 4]`` and the chain's rotation at ``theta [..., n]``."""
+    E = R.quat_multiply(R.quat_conjugate(_chain_quat(axes, theta)), J)
+    return _quat_angle_wxyz(E[..., 0], E[..., 1], E[..., 2], E[..., 3])
+
+
+def _chain_sweeps(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, sweeps: int) -> np.ndarray:
+    """Coordinate ascent: each angle set to its exact optimum with the others fixed."""
+    n = axes.shape[0]
+    theta = theta.copy()
+    for _ in range(sweeps):
+        for i in range(n):
+            e = _axis_quats(axes, theta)
+            pre = R.quat_identity(J.shape[:-1], dtype=J.dtype)
+            for j in range(i):
+                pre = R.quat_multiply(pre, e[..., j, :])
+            suf = R.quat_identity(J.shape[:-1], dtype=J.dtype)
+            for j in range(i + 1, n):
+                suf = R.quat_multiply(suf, e[..., j, :])
+            K = R.quat_multiply(R.quat_multiply(R.quat_conjugate(pre), J), R.quat_conjugate(suf))
+            theta[..., i] = 2.0 * np.arctan2(K[..., 1:] @ axes[i], K[..., 0])
+    return theta
+
+
+def _chain_gauss_newton(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, iters: int = 12) -> np.ndarray:
+    """Damped Gauss-Newton (Levenberg-Marquardt) on ``log(chain(theta)^-1 J)``, vectorised over samples.
+
+    ``J [N, 4]`` unit quaternions, ``axes [n, 3]``, seed ``theta [N, n]``. The error ``E = p^-1 J`` is in
+    the body frame; a step ``delta`` changes it to ``exp(-G delta) E`` with ``G[:, i]`` the i-th axis seen
+    from the end of the chain, so ``delta = (G^T G + lam I)^-1 G^T log(E)``. Steps that do not lower the
+    residual are refused and the damping raised (per sample).
+    """
+    n = axes.shape[0]
+    N = J.shape[0]
+    if N == 0:
+        return theta
+    theta = np.array(theta, dtype=np.float64)
+    J = np.asarray(J, dtype=np.float64)
+
+    def error(th):
+        E = R.quat_multiply(R.quat_conjugate(_chain_quat(axes, th)), J)
+        E = np.where(E[:, :1] < 0, -E, E)
+        return R.quat_to_rotvec(E)
+
+    err = error(theta)
+    res = np.linalg.norm(err, axis=-1)
+    lam = np.full(N, 1e-9)
+    eye = np.eye(n)
+    for _ in range(iters):
+        e = _axis_quats(axes, theta)
+        G = np.empty((N, 3, n))
+        suf = R.quat_identity((N,), dtype=np.float64)
+        for i in range(n - 1, -1, -1):
+            G[:, :, i] = R.quat_rotate_inverse(suf, np.broadcast_to(axes[i], (N, 3)))
+            suf = R.quat_multiply(e[:, i, :], suf)
+        H = np.einsum("nki,nkj->nij", G, G) + lam[:, None, None] * eye
+        g = np.einsum("nki,nk->ni", G, err)
+        delta = np.linalg.solve(H, g[..., None])[..., 0]
+        cand = theta + delta
+        err2 = error(cand)
+        res2 = np.linalg.norm(err2, axis=-1)
+        better = res2 <= res
+        theta = np.where(better[:, None], cand, theta)
+        err = np.where(better[:, None], err2, err)
+        res = np.where(better, res2, res)
+        lam = np.clip(np.where(better, lam * 0.1, lam * 100.0), 1e-12, 1e6)
+        if float(np.max(np.abs(delta))) < 1e-13:
+            break
+    return theta
+
+
+# ------------------------------------------------------------------------------------------------
+# plans
+# ------------------------------------------------------------------------------------------------
+
+_NONE, _BALL, _HINGE1, _HINGE2, _HINGE3, _CHAIN = "none", "ball", "hinge1", "hinge2", "hinge3", "chain"
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Bodies that share one joint structure (kind and axes), solved as one batch."""
+
+    kind: str
+    axes: tuple[tuple[float, float, float], ...]
+    bodies: np.ndarray  # [k] body indices
+    hinge_cols: np.ndarray  # [k, n] positions into the hinge-column table
+    complete: bool  # every rotation reachable (residual 0 by construction)
+
+
+class _Davenport:
+    """Constants of the generalised Euler decomposition ``J = exp(a1 t1) exp(a2 t2) exp(a3 t3)``.
+
+    ``t2`` solves ``a1 . exp(a2 t2) a3 = a1 . J a3``: ``A cos t2 + B sin t2 + C = d`` with
+    ``A = a1.a3 - (a1.a2)(a2.a3)``, ``B = a1.(a2 x a3)``, ``C = (a1.a2)(a2.a3)``, so
+    ``t2 = phi +- acos((d - C) / rho)``, ``rho e^(i phi) = A + iB`` (two branches). ``t1`` is the angle
+    about ``a1`` taking ``exp(a2 t2) a3`` to ``J a3``; ``t3`` the angle about ``a3`` taking ``J^T a1`` to
+    ``exp(-a2 t2) a1``. Each is an atan2 of terms linear in ``(1, cos t2, sin t2)`` with constant vectors.
+    """
+
+    def __init__(self, axes):
+        a1, a2, a3 = (np.asarray(a, dtype=np.float64) / np.linalg.norm(a) for a in axes)
+        self.a1, self.a2, self.a3 = _snapv(a1), _snapv(a2), _snapv(a3)
+        self.axes = (self.a1, self.a2, self.a3)
+        d12, d23, d13 = float(a1 @ a2), float(a2 @ a3), float(a1 @ a3)
+        A = d13 - d12 * d23
+        B = float(a1 @ np.cross(a2, a3))
+        C = d12 * d23
+        self.rho = math.hypot(A, B)
+        self.A, self.B, self.C = _snap(A), _snap(B), _snap(C)
+        phi = math.atan2(B, A)
+        self.phi = phi
+        self.cphi, self.sphi = _snap(math.cos(phi)), _snap(math.sin(phi))
+        # t1 = atan2(y1, x1): y1 = w3.(k3 + c (k1 - k3) + s k2), x1 = w3.(x0 + c x1c + s x2) - (A c + B s + C) d
+        k1 = np.cross(a1, a3)
+        k2 = np.cross(a1, np.cross(a2, a3))
+        k3 = d23 * np.cross(a1, a2)
+        self.y1 = (_snapv(k3), _snapv(k1 - k3), _snapv(k2))
+        self.x1 = (_snapv(d23 * a2), _snapv(a3 - d23 * a2), _snapv(np.cross(a2, a3)))
+        # t3 = atan2(y3, x3): y3 = m1.(K3 + c (K1 - K3) + s K2), x3 = m1.(.) - d (A c + B s + C)
+        K1 = np.cross(a1, a3)
+        K2 = -np.cross(np.cross(a2, a1), a3)
+        K3 = d12 * np.cross(a2, a3)
+        self.y3 = (_snapv(K3), _snapv(K1 - K3), _snapv(K2))
+        self.x3 = (_snapv(d12 * a2), _snapv(a1 - d12 * a2), _snapv(-np.cross(a2, a1)))
+        self.complete = abs(d12) < 1e-9 and abs(d23) < 1e-9
+        self.degenerate = self.rho < 1e-6
+
+
+def _solve_hinge1(axis, comps):
+    """Swing-twist about ``axis``: (angle in [-pi, pi], residual = swing angle), arrays like ``comps``."""
+    w, x, y, z = comps
+    v = (x, y, z)
+    t = _dot(v, axis)
+    perp = tuple(_sub(v[i], _mul(t, axis[i])) for i in range(3))
+    pn = _arr(_dot(perp, perp), w)
+    angle = _wrap(2.0 * np.arctan2(_arr(t, w), w))
+    residual = 2.0 * np.arctan2(np.sqrt(pn), np.sqrt(w * w + t * t))
+    return angle, residual
+
+def _solve_hinge2(axes, comps):
+    """Best fit of exp(a1 t1) exp(a2 t2) to J: the top singular pair of
+    ``M = [[<1,J>, <a2,J>], [<a1,J>, <a1 a2,J>]]`` gives ``(cos t1/2, sin t1/2)`` and
+    ``(cos t2/2, sin t2/2)``; ``M = Rot(phi) diag(sx, sy) Rot(theta)`` in closed form."""
+    a1, a2 = axes
+    w, x, y, z = comps
+    v = (x, y, z)
+    d12 = _snap(float(np.dot(a1, a2)))
+    c12 = _snapv(np.cross(a1, a2))
+    m00 = w
+    m01 = _arr(_dot(v, a2), w)
+    m10 = _arr(_dot(v, a1), w)
+    m11 = _arr(_add(_mul(w, -d12), _dot(v, c12)), w)
+    E = 0.5 * (m00 + m11)
+    F = 0.5 * (m00 - m11)
+    G = 0.5 * (m10 + m01)
+    H = 0.5 * (m10 - m01)
+    ag = np.arctan2(G, F)
+    ah = np.arctan2(H, E)
+    t1 = _wrap(ah + ag)
+    t2 = _wrap(ag - ah)
+    if d12 == 0.0:  # orthonormal basis {1, a1, a2, a1 a2}: sx^2 + sy^2 = |J|^2
+        Q = np.sqrt(E * E + H * H)
+        Rr = np.sqrt(F * F + G * G)
+        residual = 2.0 * np.arctan2(np.abs(Q - Rr), Q + Rr)
+    else:
+        J = np.stack(comps, axis=-1)
+        J = J / np.linalg.norm(J, axis=-1, keepdims=True)
+        residual = _chain_residual(J, np.array(axes), np.stack([t1, t2], axis=-1)).astype(w.dtype)
+    return t1, t2, residual
+
+def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
+    """Both Davenport branches of quaternion components ``comps`` (4 arrays ``[...]``) into
+    ``theta_out [2, ..., 3]`` (angles in [-pi, pi]) and, unless every rotation is reachable,
+    ``res_out [2, ...]`` (Gauss-Newton refines frames out of reach)."""
+    w, x, y, z = comps
+    nrm = w * w + x * x + y * y + z * z
+    rot = _RotMat(w, x, y, z, 2.0 / nrm)
+    w3 = rot.mul_vec(dv.a3)
+    m1 = rot.tmul_vec(dv.a1)
+    d = _arr(_dot(w3, dv.a1), w)
+    xc = (d - dv.C) / dv.rho if dv.rho != 1.0 or dv.C != 0.0 else d.copy()
+    np.clip(xc, -1.0, 1.0, out=xc)
+    alpha = np.arccos(xc)
+    sa = np.sqrt(np.maximum((1.0 - xc) * (1.0 + xc), 0.0))
+    Y1 = tuple(_dot(w3, vec) for vec in dv.y1)
+    X1 = tuple(_dot(w3, vec) for vec in dv.x1)
+    Y3 = tuple(_dot(m1, vec) for vec in dv.y3)
+    X3 = tuple(_dot(m1, vec) for vec in dv.x3)
+    for br, sgn in enumerate((-1.0, 1.0)):  # branch 0: phi - alpha (the usual Euler range for xyz)
+        c = _sub(_mul(xc, dv.cphi), _mul(sa, sgn * dv.sphi))
+        s = _add(_mul(xc, dv.sphi), _mul(sa, sgn * dv.cphi))
+        proj = _add(_add(_mul(c, dv.A), _mul(s, dv.B)), dv.C)  # a1 . exp(a2 t2) a3
+        t2 = dv.phi + sgn * alpha
+        t1 = np.arctan2(_arr(_lin(*_interleave(Y1, c, s)), w),
+                        _arr(_sub(_lin(*_interleave(X1, c, s)), _mul(proj, d)), w))
+        t3 = np.arctan2(_arr(_lin(*_interleave(Y3, c, s)), w),
+                        _arr(_sub(_lin(*_interleave(X3, c, s)), _mul(proj, d)), w))
+        theta_out[br, ..., 0] = t1
+        theta_out[br, ..., 1] = _wrap(t2)
+        theta_out[br, ..., 2] = t3
+        lock = sa < _GIMBAL_SIN
+        if lock.any():  # t1, t3 ill-conditioned: take t3 from the remainder exp(-a2 t2) exp(-a1 t1) J
+            J = np.stack([w[lock], x[lock], y[lock], z[lock]], axis=-1).astype(np.float64)
+            J /= np.linalg.norm(J, axis=-1, keepdims=True)
+            axes = np.array(dv.axes)
+            th = theta_out[br][lock].astype(np.float64)
+            K = R.quat_multiply(R.quat_conjugate(_chain_quat(axes[:2], th[:, :2])), J)
+            theta_out[br, ..., 2][lock] = 2.0 * np.arctan2(K[:, 1:] @ axes[2], K[:, 0])
+    if not dv.complete:
+        J = np.stack(comps, axis=-1).astype(np.float64)
+        J /= np.linalg.norm(J, axis=-1, keepdims=True)
+        axes = np.array(dv.axes)
+        for br in range(2):
+            th = theta_out[br].astype(np.float64)
+            r = _chain_residual(J, axes, th)
+            bad = r > _REFINE_TOL
+            if bad.any():
+                th[bad] = _chain_gauss_newton(J[bad], axes, th[bad])
+                r[bad] = _chain_residual(J[bad], axes, th[bad])
+            theta_out[br] = th
+            res_out[br] = r
+    theta_out[..., 0] = _wrap(theta_out[..., 0])
+    theta_out[..., 2] = _wrap(theta_out[..., 2])
+
+
+def _merge_parallel(axes: np.ndarray):
+    """Consecutive parallel axes merged: (reduced axes [m, 3], member lists, signs [n])."""
+    red, members, signs = [], [], []
+    for i, a in enumerate(axes):
+        if red and abs(float(a @ red[-1])) > 1.0 - 1e-9:
+            members[-1].append(i)
+            signs.append(float(np.sign(a @ red[-1])))
+        else:
+            red.append(a)
+            members.append([i])
+            signs.append(1.0)
+    return np.array(red), members, np.array(signs)
+
+
+def _closed_form_seeds(J: np.ndarray, axes: np.ndarray) -> list[np.ndarray]:
+    """Closed-form solutions ``[M, m]`` of a chain with at most 3 (non-degenerate) axes."""
+    comps = tuple(np.ascontiguousarray(J[:, i]) for i in range(4))
+    m = axes.shape[0]
+    ax = tuple(_snapv(a) for a in axes)
+    if m == 1:
+        return [_solve_hinge1(ax[0], comps)[0][:, None]]
+    if m == 2:
+        t1, t2, _ = _solve_hinge2(ax, comps)
+        return [np.stack([t1, t2], axis=-1)]
+    dv = _Davenport(ax[:3])
+    if dv.degenerate:
+        return []
+    out = np.empty((2, J.shape[0], 3))
+    _solve_davenport(dv, comps, out, np.empty((2, J.shape[0])))
+    pad = np.zeros((J.shape[0], m - 3))
+    return [np.concatenate([out[0], pad], axis=-1), np.concatenate([out[1], pad], axis=-1)]
+
+
+def _solve_chain(J: np.ndarray, axes: np.ndarray):
+    """Any hinge chain on one body: ``J [M, 4]`` unit float64, ``axes [n, 3]`` -> (angles ``[M, n]`` in
+    [-pi, pi], residual ``[M]``). Seeds: coordinate sweeps from zero, and the closed form of the chain with
+    consecutive parallel axes merged (their angle then split evenly); each refined by Gauss-Newton; the
+    best per sample is kept."""
+    M, n = J.shape[0], axes.shape[0]
+    seeds = [_chain_sweeps(J, axes, np.zeros((M, n)), sweeps=3)]
+    red, members, signs = _merge_parallel(axes)
+    for th_red in _closed_form_seeds(J, red):
+        th = np.empty((M, n))
+        for r, mem in enumerate(members):
+            for i in mem:
+                th[:, i] = signs[i] * th_red[:, r] / len(mem)
+        seeds.append(th)
+    best_th, best_r = None, None
+    for seed in seeds:
+        th = _chain_gauss_newton(J, axes, seed)
+        r = _chain_residual(J, axes, th)
+        if best_th is None:
+            best_th, best_r = th, r
+        else:
+            take = r < best_r - 1e-12
+            best_th = np.where(take[:, None], th, best_th)
+            best_r = np.where(take, r, best_r)
+    return _wrap(best_th), best_r
+
+
+def _body_plan(layout: ArticulationCoordinateLayout, b: int):
+    """(kind, hinge blocks to solve, ball block or None, blocks held at ref)."""
+    blocks = [x for x in layout.blocks_of_body(b) if x.joint_type is not JointType.FIXED]
+    if any(x.joint_type is JointType.FREE for x in blocks):
+        return "free", [], None, [x for x in blocks if x.joint_type in (JointType.HINGE, JointType.SLIDE)]
+    balls = [x for x in blocks if x.joint_type is JointType.BALL]
+    hinges = [x for x in blocks if x.joint_type is JointType.HINGE]
+    slides = [x for x in blocks if x.joint_type is JointType.SLIDE]
+    if balls:
+        return _BALL, [], balls[0], hinges + slides
+    kind = {0: _NONE, 1: _HINGE1, 2: _HINGE2, 3: _HINGE3}.get(len(hinges), _CHAIN)
+    if kind == _HINGE3 and _Davenport([h.axis for h in hinges]).degenerate:
+        kind = _CHAIN
+    return kind, hinges, None, slides
+
+
+# ------------------------------------------------------------------------------------------------
+# the mapper
+# ------------------------------------------------------------------------------------------------
+
+
+class ArticulationMotionMapper:
+    """Maps skeleton motion on an articulation's own skeleton to articulation coordinates and back.
+
+    Args:
+        layout: the :class:`~kangengine.animation.ArticulationCoordinateLayout`. Its skeleton is
+            ``mapper.skeleton_tree`` (``SkeletonTree.from_articulation(layout)``).
+
+    The input skeleton must have the layout's body names in the layout's order and the same parents
+    (:class:`~kangengine.errors.UnknownNameError` / :class:`~kangengine.errors.LayoutMismatch`
+    otherwise). Rest translations that differ from the layout's only warn
+    (:class:`SkeletonOffsetWarning`): the mapping uses rotations (and the root translation), never the
+    skeleton's offsets.
+    """
+
+    def __init__(self, layout: ArticulationCoordinateLayout):
+        if not isinstance(layout, ArticulationCoordinateLayout):
+            raise ShapeError(f"got {type(layout).__name__}; expected an ArticulationCoordinateLayout",
+                             item="ArticulationMotionMapper(layout)")
+        self.layout = layout
+        self.skeleton_tree = SkeletonTree.from_articulation(layout)
+        self._build()
+
+    # -- plan ------------------------------------------------------------------------------------------
+    def _build(self):
+        lay = self.layout
+        nb = lay.num_bodies
+        rest = np.asarray(lay.rest_rotations_wxyz, dtype=np.float64)
+        self._rest_inv = R.quat_conjugate(rest)
+        self._rest_is_identity = np.all(np.abs(rest - [1.0, 0.0, 0.0, 0.0]) < 1e-15, axis=-1)
+        self._free = None
+        self._ball_bodies, self._ball_q = [], []
+        self._none_bodies = []
+        self._held = []  # (q offset, ref) of joints kept at ref
+        hinge_q, hinge_v, hinge_ref, hinge_lo, hinge_hi = [], [], [], [], []
+        groups: dict = {}
+        for b in range(nb):
+            kind, hinges, ball, held = _body_plan(lay, b)
+            self._held += [(x.q_offset, x.ref) for x in held]
+            if kind == "free":
+                fb = next(x for x in lay.blocks_of_body(b) if x.joint_type is JointType.FREE)
+                self._free = (b, fb.q_offset)
+                continue
+            if kind == _BALL:
+                self._ball_bodies.append(b)
+                self._ball_q.append(ball.q_offset)
+                continue
+            if kind == _NONE:
+                self._none_bodies.append(b)
+                continue
+            cols = []
+            for h in hinges:
+                cols.append(len(hinge_q))
+                hinge_q.append(h.q_offset)
+                hinge_v.append(h.qd_offset)
+                hinge_ref.append(h.ref)
+                lo, hi = h.limits if h.limits is not None else (-np.inf, np.inf)
+                hinge_lo.append(lo)
+                hinge_hi.append(hi)
+            axes = tuple(_snapv(np.asarray(h.axis) / np.linalg.norm(h.axis)) for h in hinges)
+            groups.setdefault((kind, axes), ([], []))
+            groups[(kind, axes)][0].append(b)
+            groups[(kind, axes)][1].append(cols)
+        self._groups = []
+        for (kind, axes), (bodies, cols) in groups.items():
+            complete = False
+            if kind == _HINGE3:
+                complete = _Davenport(axes).complete
+            self._groups.append(_Group(kind=kind, axes=axes, bodies=np.array(bodies, dtype=np.int64),
+                                       hinge_cols=np.array(cols, dtype=np.int64), complete=complete))
+        self._davenport = {g.axes: _Davenport(g.axes) for g in self._groups if g.kind == _HINGE3}
+        self._hinge_q = np.array(hinge_q, dtype=np.int64)
+        self._hinge_v = np.array(hinge_v, dtype=np.int64)
+        self._hinge_ref = np.array(hinge_ref, dtype=np.float64)
+        self._hinge_lo = np.array(hinge_lo, dtype=np.float64)
+        self._hinge_hi = np.array(hinge_hi, dtype=np.float64)
+        self._hinge_limited = np.isfinite(self._hinge_lo) & np.isfinite(self._hinge_hi)
+        lim = self._hinge_limited
+        mid = 0.5 * (np.where(lim, self._hinge_lo, 0.0) + np.where(lim, self._hinge_hi, 0.0))
+        center = np.where(self._hinge_limited, mid, self._hinge_ref)
+        self._hinge_center = center
+        # scalar DOFs that clamping may move: hinges (solved) and held joints (slides/hinges at ref)
+        self._slides = [x for x in lay.blocks if x.joint_type is JointType.SLIDE]
+
+    # -- input checks ----------------------------------------------------------------------------------
+    def _check_tree(self, tree: SkeletonTree, what: str):
+        names = self.layout.body_names
+        if tree.node_names != names:
+            unknown = [n for n in tree.node_names if n not in names]
+            missing = [n for n in names if n not in tree.node_names]
+            if unknown or missing:
+                raise UnknownNameError(
+                    f"{what} skeleton nodes do not match the articulation's bodies: unknown nodes {unknown}, "
+                    f"missing bodies {missing}; bodies are (in order): {', '.join(names)}. Map the motion onto "
+                    "SkeletonTree.from_articulation(desc) first (retargeting)", path=self.layout.source)
+            first = next(i for i, (a, b) in enumerate(zip(tree.node_names, names)) if a != b)
+            raise LayoutMismatch(
+                f"{what} skeleton has the articulation's bodies in another order (first difference at index "
+                f"{first}: {tree.node_names[first]!r}, expected {names[first]!r}); expected the order "
+                f"{', '.join(names)} (the loader's BFS/DFS order)", path=self.layout.source)
+        if not np.array_equal(tree.parent_indices, np.asarray(self.layout.parent_indices)):
+            bad = [names[i] for i, (a, b) in enumerate(zip(tree.parent_indices, self.layout.parent_indices))
+                   if a != b]
+            raise LayoutMismatch(f"{what} skeleton has other parents than the articulation for nodes {bad}",
+                                 path=self.layout.source)
+        if tree is not self.skeleton_tree and not np.allclose(tree.local_translation[1:],
+                                                              self.layout.rest_positions[1:], atol=1e-6):
+            diff = np.abs(tree.local_translation[1:] - self.layout.rest_positions[1:]).max()
+            warnings.warn(f"{what} skeleton offsets differ from the articulation's rest offsets (max {diff:.3g} m): "
+                          "rotations are mapped, but body positions will follow the articulation",
+                          SkeletonOffsetWarning, stacklevel=3)
+
+    # -- public API ----------------------------------------------------------------------------------
+    def to_articulation_motion(self, skeleton_motion: SkeletonMotion, *, clamp_to_limits: bool = False
+                               ) -> MappingResult:
+        """Map a motion on the articulation's skeleton to ``q``/``qd``.
+
+        Args:
+            skeleton_motion: :class:`~kangengine.animation.SkeletonMotion` on ``self.skeleton_tree``
+                (same node names, order and parents): ``root_translation [frames, 3]`` m in world,
+                ``local_rotation [frames, bodies, 4]`` WXYZ ``parent_from_body`` including the rest
+                rotation. numpy or torch (converted to numpy), float32 or float64.
+            clamp_to_limits: clamp hinge and slide values into their limits after decomposition;
+                ``clamped`` reports the moves and ``residual_angles`` includes their effect.
+
+        Returns:
+            :class:`MappingResult`. Over time: the 3-hinge branch is followed continuously (consecutive
+            frames' two solutions are matched by a vectorised nearest-pair rule and the track with the
+            smaller total limit violation, then smaller angles, is kept); hinge angles are unwrapped and
+            shifted by a constant multiple of 2 pi into their limits (unlimited hinges: first frame within
+            pi of ``ref``); quaternions (free root, balls) are sign-continuous with ``w >= 0`` at frame 0.
+            ``qd`` are central differences through ``layout.difference`` (one-sided at the ends; zeros for
+            a single frame).
+        """
+        if not isinstance(skeleton_motion, SkeletonMotion):
+            raise ShapeError(f"got {type(skeleton_motion).__name__}; expected a SkeletonMotion (use "
+                             "to_articulation_coordinates for single or batched states)",
+                             item="to_articulation_motion")
+        self._check_tree(skeleton_motion.tree, "motion")
+        m = skeleton_motion.numpy()
+        L = np.asarray(m.local_rotation)
+        rt = np.asarray(m.root_translation)
+        dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
+        q, residual, clamped = self._solve(L.astype(dtype, copy=False), rt.astype(dtype, copy=False),
+                                           time_axis=True, clamp=clamp_to_limits)
+        lay = self.layout
+        fps = skeleton_motion.fps
+        qd = self.velocities(q, fps)
+        meta = dict(skeleton_motion.metadata)
+        meta["mapper"] = {"clamp_to_limits": bool(clamp_to_limits),
+                          "max_residual_angle": float(residual.max()) if residual.size else 0.0}
+        motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
+        return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
+
+    def to_articulation_coordinates(self, skeleton_state: SkeletonState, *, clamp_to_limits: bool = False
+                                    ) -> CoordinatesResult:
+        """Map one pose or a batch of independent poses to ``q``.
+
+        Args:
+            skeleton_state: :class:`~kangengine.animation.SkeletonState` on ``self.skeleton_tree`` with
+                ``local_rotation [..., bodies, 4]`` and ``root_translation [..., 3]`` (numpy or torch).
+            clamp_to_limits: as in :meth:`to_articulation_motion`.
+
+        Returns:
+            :class:`CoordinatesResult` with ``q [..., nq]`` (the state's dtype). Each pose is solved on its
+            own: the 3-hinge branch with the smaller limit violation, then smaller angles; hinge angles
+            within pi of the middle of their limits (unlimited: of ``ref``); quaternions with ``w >= 0``.
+        """
+        if not isinstance(skeleton_state, SkeletonState):
+            raise ShapeError(f"got {type(skeleton_state).__name__}; expected a SkeletonState",
+                             item="to_articulation_coordinates")
+        self._check_tree(skeleton_state.tree, "state")
+        s = skeleton_state.numpy()
+        L = np.asarray(s.local_rotation)
+        rt = np.asarray(s.root_translation)
+        lead = L.shape[:-2]
+        dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
+        L2 = L.reshape((-1,) + L.shape[-2:]).astype(dtype, copy=False)
+        rt2 = rt.reshape(-1, 3).astype(dtype, copy=False)
+        q, residual, clamped = self._solve(L2, rt2, time_axis=False, clamp=clamp_to_limits)
+        nb = self.layout.num_bodies
+        return CoordinatesResult(q=q.reshape(lead + (self.layout.nq,)),
+                                 residual_angles=residual.reshape(lead + (nb,)),
+                                 clamped=clamped.reshape(lead + (self.layout.nv,)))
+
+    def to_skeleton_state(self, q) -> SkeletonState:
+        """The articulation's skeleton posed at ``q``.
+
+        Args:
+            q: ``[..., nq]`` numpy or torch, float32/float64.
+
+        Returns:
+            :class:`~kangengine.animation.SkeletonState` of ``self.skeleton_tree`` (same array type,
+            dtype and device): ``local_rotation`` = ``parent_from_body`` rotations at ``q`` (rest rotation
+            included), ``root_translation`` = the root body's world position and, when a joint anchor
+            moves a body origin, per-pose ``local_translation``; its global transforms equal
+            :func:`~kangengine.animation.forward_kinematics`.
+
+        Raises:
+            MotionError: the layout has prismatic (slide) joints, which a skeleton cannot represent.
+        """
+        self._refuse_slides("to_skeleton_state")
+        pos, rot = self.layout.local_transforms(q)
+        lt = pos if self._needs_local_translation else None
+        return SkeletonState(self.skeleton_tree, pos[..., 0, :], rot, lt, skip_checks=True)
+
+    def to_skeleton_motion(self, motion: ArticulationMotion) -> SkeletonMotion:
+        """The articulation's skeleton following ``motion`` (for viewing, BVH export, motion libraries).
+
+        Args:
+            motion: :class:`~kangengine.animation.ArticulationMotion` made for this layout (same nq, nv and
+                signature, else :class:`~kangengine.errors.LayoutMismatch`).
+
+        Returns:
+            :class:`~kangengine.animation.SkeletonMotion` (float32, ``[frames, bodies, ...]``, same fps and
+            metadata), as :meth:`to_skeleton_state` per frame.
+
+        Raises:
+            MotionError: the layout has prismatic joints.
+        """
+        if not isinstance(motion, ArticulationMotion):
+            raise ShapeError(f"got {type(motion).__name__}; expected an ArticulationMotion",
+                             item="to_skeleton_motion")
+        motion.check_layout(self.layout, what="articulation motion")
+        self._refuse_slides("to_skeleton_motion")
+        st = self.to_skeleton_state(motion.q)
+        return SkeletonMotion(self.skeleton_tree, st.root_translation, st.local_rotation, motion.fps(),
+                              st.local_translation, metadata=motion.metadata, skip_checks=True)
+
+    def velocities(self, q, fps: float) -> np.ndarray:
+        """``qd [frames, nv]`` of a sampled trajectory ``q [frames, nq]`` at ``fps``: central differences
+        ``difference(q[t+1], q[t-1], 2 dt)`` inside, one-sided at the ends, zeros for one frame; canonical
+        tangent convention of the layout (same dtype as ``q``)."""
+        lay = self.layout
+        q = np.asarray(q)
+        n = q.shape[0]
+        qd = np.zeros((n, lay.nv), dtype=q.dtype)
+        if n < 2:
+            return qd
+        dt = 1.0 / float(fps)
+        qd[1:-1] = lay.difference(q[2:], q[:-2], 2.0 * dt)
+        qd[0] = lay.difference(q[1], q[0], dt)
+        qd[-1] = lay.difference(q[-1], q[-2], dt)
+        return qd
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    @property
+    def _needs_local_translation(self) -> bool:
+        return any(b.joint_type in (JointType.HINGE, JointType.BALL, JointType.SLIDE) and any(b.anchor)
+                   and b.body_index != 0 for b in self.layout.blocks)
+
+    def _refuse_slides(self, what: str):
+        if self._slides:
+            names = ", ".join(b.joint_name for b in self._slides)
+            raise MotionError(f"the layout has prismatic (slide) joints {names}; a SkeletonState/SkeletonMotion "
+                              "holds rotations only and cannot represent them", path=self.layout.source, item=what)
+
+    # -- the solver ------------------------------------------------------------------------------------
+    def _solve(self, L: np.ndarray, root_translation: np.ndarray, *, time_axis: bool, clamp: bool):
+        """L ``[N, B, 4]``, root ``[N, 3]`` -> q ``[N, nq]``, residual ``[N, B]``, clamped ``[N, nv]``."""
+        lay = self.layout
+        N = L.shape[0]
+        dt = L.dtype
+        q = np.zeros((N, lay.nq), dtype=dt)
+        residual = np.zeros((N, lay.num_bodies), dtype=dt)
+        for off, ref in self._held:
+            q[:, off] = ref
+        if self._free is not None:
+            b, off = self._free
+            q[:, off:off + 3] = root_translation
+            quat = R.quat_normalize(L[:, b])
+            q[:, off + 3:off + 7] = self._continuous(quat, time_axis)
+        if self._ball_bodies:
+            J = self._joint_rotation(L, np.array(self._ball_bodies))  # [N, k, 4]
+            J = self._continuous(R.quat_normalize(J), time_axis)
+            for i, off in enumerate(self._ball_q):
+                q[:, off:off + 4] = J[:, i]
+        if self._none_bodies:
+            idx = np.array(self._none_bodies)
+            J = self._joint_rotation(L, idx)
+            residual[:, idx] = _quat_angle_wxyz(J[..., 0], J[..., 1], J[..., 2], J[..., 3])
+        nh = len(self._hinge_q)
+        if nh:
+            theta = np.empty((N, nh), dtype=dt)
+            for g in self._groups:
+                th, res = self._solve_group(g, L, time_axis)
+                theta[:, g.hinge_cols.reshape(-1)] = th.reshape(N, -1)
+                if res is not None:
+                    residual[:, g.bodies] = res
+            hq = self._place_hinges(theta, time_axis)
+            q[:, self._hinge_q] = hq
+        clamped = np.zeros((N, lay.nv), dtype=dt)
+        if clamp:
+            self._clamp(q, clamped, residual, L)
+        return q, residual, clamped
+
+    def _joint_rotation(self, L, idx):
+        """``rest^-1 * local`` for bodies ``idx``: ``[N, k, 4]``."""
+        J = L[:, idx]
+        if not np.all(self._rest_is_identity[idx]):
+            J = R.quat_multiply(self._rest_inv[idx].astype(L.dtype), J)
+        return J
+
+    @staticmethod
+    def _continuous(quat, time_axis):
+        """States: ``w >= 0``. Motions: ``w >= 0`` at frame 0, then sign-continuous along frames."""
+        if not time_axis:
+            return np.where(quat[..., :1] < 0, -quat, quat)
+        first = np.where(quat[:1, ..., :1] < 0, -1.0, 1.0).astype(quat.dtype)
+        return R.quat_hemisphere_continuity(quat * first, axis=0)
+
+    # one group: per-frame closed forms, chunked over frames; then branch tracking over time
+    def _solve_group(self, g: _Group, L: np.ndarray, time_axis: bool):
+        N = L.shape[0]
+        k, n = g.hinge_cols.shape
+        dt = L.dtype
+        two = g.kind == _HINGE3
+        nbr = 2 if two else 1
+        theta = np.empty((nbr, N, k, n), dtype=dt)
+        need_res = not (g.kind == _HINGE3 and g.complete)
+        res = np.empty((nbr, N, k), dtype=dt) if need_res else None
+        rest_id = bool(np.all(self._rest_is_identity[g.bodies]))
+        rest_inv = self._rest_inv[g.bodies].astype(dt)
+        for s in range(0, N, _CHUNK):
+            e = min(s + _CHUNK, N)
+            Lg = L[s:e][:, g.bodies]  # [n, k, 4]
+            if not rest_id:
+                Lg = R.quat_multiply(rest_inv, Lg)
+            comps = np.moveaxis(Lg, -1, 0)  # [4, n, k] view
+            comps = tuple(np.ascontiguousarray(c) for c in comps)
+            if g.kind == _HINGE1:
+                t, r = _solve_hinge1(g.axes[0], comps)
+                theta[0, s:e, :, 0] = t
+                res[0, s:e] = r
+            elif g.kind == _HINGE2:
+                t1, t2, r = _solve_hinge2(g.axes, comps)
+                theta[0, s:e, :, 0] = t1
+                theta[0, s:e, :, 1] = t2
+                res[0, s:e] = r
+            elif g.kind == _HINGE3:
+                _solve_davenport(self._davenport[g.axes], comps, theta[:, s:e], None if res is None else res[:, s:e])
+            else:
+                Jn = R.quat_normalize(np.stack(comps, axis=-1).astype(np.float64)).reshape(-1, 4)
+                th, r = _solve_chain(Jn, np.array(g.axes, dtype=np.float64))
+                theta[0, s:e] = th.reshape(e - s, k, n)
+                res[0, s:e] = r.reshape(e - s, k)
+        if not two:
+            return theta[0], None if res is None else res[0]
+        return self._pick_branch(g, theta, res, time_axis)
+
+    def _branch_cost(self, g: _Group, theta):
+        """``[..., k]`` cost of angles ``theta [..., k, 3]``: limit violation (after the best 2 pi shift),
+        then a small weight on the angles' size."""
+        cols = g.hinge_cols
+        qv = theta + self._hinge_ref[cols]
+        c = self._hinge_center[cols]
+        qv = c + _wrap(qv - c)
+        viol = np.maximum(self._hinge_lo[cols] - qv, 0.0) + np.maximum(qv - self._hinge_hi[cols], 0.0)
+        return (viol + _COST_ANGLE_WEIGHT * np.abs(_wrap(theta))).sum(axis=-1)
+
+    def _pick_branch(self, g: _Group, theta, res, time_axis: bool):
+        """Choose per body (and frame) one of the two Davenport branches ``theta [2, N, k, 3]``."""
+        cost = self._branch_cost(g, theta)  # [2, N, k]
+        if res is not None:
+            cost = cost + _COST_RESIDUAL_WEIGHT * res
+        N = theta.shape[1]
+        if time_axis and N > 1:
+            # Two continuous tracks through the two branches: between consecutive frames, pair the
+            # branches straight (0-0, 1-1) or crossed (0-1, 1-0), whichever pairing is closer in total;
+            # the parity of crossings says which branch each track is on (vectorised, no frame loop).
+            def dist(a, b):
+                return np.square(_wrap(a - b)).sum(axis=-1)
+
+            t0, t1 = theta[0], theta[1]
+            straight = dist(t0[1:], t0[:-1]) + dist(t1[1:], t1[:-1])
+            crossed = dist(t1[1:], t0[:-1]) + dist(t0[1:], t1[:-1])
+            cross = crossed < straight
+            parity = np.zeros((N,) + cross.shape[1:], dtype=bool)
+            np.logical_xor.accumulate(cross, axis=0, out=parity[1:])
+            track0 = parity.astype(np.intp)  # branch of track 0 at each frame
+            c0 = np.take_along_axis(cost, track0[None], axis=0)[0].sum(axis=0)
+            c1 = np.take_along_axis(cost, 1 - track0[None], axis=0)[0].sum(axis=0)
+            use = np.where((c1 < c0)[None], 1 - track0, track0).astype(bool)
+        else:
+            use = cost[1] < cost[0]
+        th = np.where(use[..., None], theta[1], theta[0])
+        r = None if res is None else np.where(use, res[1], res[0])
+        return th, r
+
+    def _place_hinges(self, theta, time_axis: bool):
+        """Joint angles ``theta [N, nh]`` in [-pi, pi] -> hinge ``q``: unwrapped over time and shifted by
+        multiples of 2 pi into the limits (motions), or within pi of the limits' middle (states)."""
+        ref, c = self._hinge_ref.astype(theta.dtype), self._hinge_center
+        if not time_axis:
+            qv = theta + ref
+            return (c + _wrap(qv - c)).astype(theta.dtype)
+        N = theta.shape[0]
+        if N > 1:
+            jumps = np.rint(np.diff(theta, axis=0) / _TWO_PI)
+            turns = np.zeros_like(theta)
+            np.cumsum(-jumps, axis=0, out=turns[1:])
+            theta = theta + _TWO_PI * turns
+        qv = theta + ref
+        # unlimited: frame 0 within pi of ref; limited: the shift with the least total violation
+        shift = -np.rint((qv[0] - c) / _TWO_PI)
+        lim = self._hinge_limited
+        if lim.any():
+            ql = qv[:, lim]
+            lo, hi = self._hinge_lo[lim], self._hinge_hi[lim]
+            k0 = np.rint((c[lim] - ql.mean(axis=0)) / _TWO_PI)
+            best, best_v = k0, None
+            for dk in (0.0, -1.0, 1.0):
+                qs = ql + _TWO_PI * (k0 + dk)
+                v = (np.maximum(lo - qs, 0.0) + np.maximum(qs - hi, 0.0)).sum(axis=0)
+                if best_v is None:
+                    best_v = v
+                else:
+                    take = v < best_v - 1e-9
+                    best = np.where(take, k0 + dk, best)
+                    best_v = np.where(take, v, best_v)
+            shift[lim] = best
+        return (qv + _TWO_PI * shift).astype(theta.dtype)
+
+    def _clamp(self, q, clamped, residual, L):
+        lay = self.layout
+        lo, hi = lay.dof_lower, lay.dof_upper
+        moved_bodies = set()
+        for b in lay.blocks:
+            if b.joint_type not in (JointType.HINGE, JointType.SLIDE) or b.limits is None:
+                continue
+            col = q[:, b.q_offset]
+            new = np.clip(col, lo[b.qd_offset], hi[b.qd_offset])
+            delta = new - col
+            if np.any(delta != 0):
+                clamped[:, b.qd_offset] = delta
+                q[:, b.q_offset] = new
+                if b.joint_type is JointType.HINGE:
+                    moved_bodies.add(b.body_index)
+        for g in self._groups:
+            sel = [i for i, b in enumerate(g.bodies) if int(b) in moved_bodies]
+            if not sel:
+                continue
+            axes = np.array(g.axes)
+            for i in sel:
+                b = int(g.bodies[i])
+                qcols = self._hinge_q[g.hinge_cols[i]]
+                rows = np.flatnonzero(np.any(clamped[:, self._hinge_v[g.hinge_cols[i]]] != 0, axis=1))
+                th = q[rows][:, qcols].astype(np.float64) - self._hinge_ref[g.hinge_cols[i]]
+                J = self._joint_rotation(L[rows].astype(np.float64), np.array([b]))[:, 0]
+                J /= np.linalg.norm(J, axis=-1, keepdims=True)
+                residual[rows, b] = _chain_residual(J, axes, th)
+
+
+def _interleave(P, c, s):
+    """(p0, p1, p2) with (c, s) -> args of _lin: p0 + c p1 + s p2."""
+    return P[0], c, P[1], s, P[2]
