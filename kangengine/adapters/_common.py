@@ -29,6 +29,22 @@ __all__ = [
 ]
 
 
+def dfs_body_order(layout) -> tuple[int, ...]:
+    """Body indices in depth-first pre-order, siblings in layout order."""
+    parents = layout.parent_indices
+    children: list[list[int]] = [[] for _ in parents]
+    roots = []
+    for b, p in enumerate(parents):
+        (roots if p < 0 else children[p]).append(b)
+    out: list[int] = []
+    stack = list(reversed(roots))
+    while stack:
+        b = stack.pop()
+        out.append(b)
+        stack.extend(reversed(children[b]))
+    return tuple(out)
+
+
 def dfs_block_order(layout) -> tuple[int, ...]:
     """Block indices in the depth-first pre-order of the layout's body tree.
 
@@ -36,17 +52,7 @@ def dfs_block_order(layout) -> tuple[int, ...]:
     for a layout built with ``order="DFS"`` this is ``range(len(layout.blocks))``; for a BFS layout it is
     the order MuJoCo (and Newton's MJCF importer) lays the same joints out in.
     """
-    parents = layout.parent_indices
-    children: list[list[int]] = [[] for _ in parents]
-    roots = []
-    for b, p in enumerate(parents):
-        (roots if p < 0 else children[p]).append(b)
-    body_order: list[int] = []
-    stack = list(reversed(roots))
-    while stack:
-        b = stack.pop()
-        body_order.append(b)
-        stack.extend(reversed(children[b]))
+    body_order = dfs_body_order(layout)
     by_body: dict[int, list[int]] = {}
     for i, blk in enumerate(layout.blocks):
         by_body.setdefault(blk.body_index, []).append(i)
