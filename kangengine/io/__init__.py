@@ -1,0 +1,75 @@
+"""Motion files in and out: BVH (read + write), FBX (read, through pyassimp + libassimp), and a dispatcher.
+
+``ke.io.load_motion(path)`` picks the reader from the file's extension (see :data:`MOTION_LOADERS`);
+every reader returns a :class:`~kangengine.animation.SkeletonMotion` in metres, Z up, X forward, WXYZ,
+with the file's own frame rate. The Y-up -> Z-up conversion lives in :mod:`kangengine.io.axes`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from ..errors import FileMissingError, FormatError
+from . import axes
+from .bvh import BVH_LENGTH_UNITS, BVHFrameCountWarning, load_bvh, save_bvh
+
+__all__ = [
+    "axes",
+    "load_bvh",
+    "save_bvh",
+    "BVH_LENGTH_UNITS",
+    "BVHFrameCountWarning",
+    "load_fbx",
+    "load_motion",
+    "MOTION_LOADERS",
+]
+
+#: Extension (lower case, with the dot) -> ``"module:function"`` of the reader ``load_motion`` calls.
+#: The function takes ``(path, **kw)`` and returns a ``SkeletonMotion``.
+MOTION_LOADERS: dict[str, str] = {
+    ".bvh": "kangengine.io.bvh:load_bvh",
+    ".fbx": "kangengine.io.fbx:load_fbx",
+    ".npz": "kangengine.animation.skeleton:SkeletonMotion.load_npz",
+}
+
+
+def load_fbx(path, **kw):
+    """Read an FBX file (see :func:`kangengine.io.fbx.load_fbx`; imports pyassimp on first use)."""
+    from .fbx import load_fbx as _load_fbx
+
+    return _load_fbx(path, **kw)
+
+
+def _resolve(target: str):
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_motion(path: str | os.PathLike, **kw):
+    """Read a motion file into a :class:`~kangengine.animation.SkeletonMotion`, by extension.
+
+    ``.bvh`` -> :func:`load_bvh`, ``.fbx`` -> :func:`load_fbx`, ``.npz`` -> ``SkeletonMotion.load_npz``
+    (files written by ``SkeletonMotion.save_npz``); other readers register in :data:`MOTION_LOADERS`.
+    Keyword arguments go to the reader.
+
+    Raises:
+        FileMissingError: no such file.
+        FormatError: an extension no reader handles (the message lists those that are handled), or
+            whatever the reader raises for a bad file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileMissingError("no such motion file", path=p)
+    ext = p.suffix.lower()
+    if ext not in MOTION_LOADERS:
+        raise FormatError(
+            f"no motion reader for {ext or 'files without extension'!r}; readers exist for "
+            f"{', '.join(sorted(MOTION_LOADERS))}",
+            path=p,
+        )
+    return _resolve(MOTION_LOADERS[ext])(p, **kw)
