@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", "JointStep"]
+__all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", "JointStep", "JointFrames"]
 
 # -- component algebra ---------------------------------------------------------------------------------
 # A component is a Python float (a constant) or a 1-D array / tensor over frames.
@@ -316,8 +316,12 @@ def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool) -> None:
 # -- the composition --------------------------------------------------------------------------------------
 
 
-def _local_from_steps(plan: TreePlan, b: int, qcol, xp):
-    """Body b's parent_from_body transform (components) from its joint steps and q columns."""
+def _local_from_steps(plan: TreePlan, b: int, qcol, xp, record: list | None = None):
+    """Body b's parent_from_body transform (components) from its joint steps and q columns.
+
+    With ``record``, appends for every step the joint's frame in the parent body's frame: (anchor
+    position, rotation of the frame the joint's axis and velocity are expressed in), taken just before
+    the joint applies (a free joint: its position and the parent's axes)."""
     p = plan.rest_positions[b]
     r = plan.rest_rotations[b]
     for st in plan.steps[b]:
@@ -325,7 +329,11 @@ def _local_from_steps(plan: TreePlan, b: int, qcol, xp):
         if st.kind == "free":
             p = (qcol(o), qcol(o + 1), qcol(o + 2))
             r = _normalize4((qcol(o + 3), qcol(o + 4), qcol(o + 5), qcol(o + 6)), xp)
+            if record is not None:
+                record.append((p, (1.0, 0.0, 0.0, 0.0)))
             continue
+        if record is not None:
+            record.append((_vadd(p, _qrot(r, st.anchor)), r))
         if st.kind == "slide":
             d = _sub(qcol(o), st.ref)
             p = _vadd(p, tuple(_mul(d, c) for c in _qrot(r, st.axis)))
@@ -358,6 +366,24 @@ def _compose(plan: TreePlan, local: Callable[[int], tuple], root_from_world=None
             gp[b] = _vadd(gp[parent], _qrot(gr[parent], p))
             gr[b] = _qmul(gr[parent], r)
     return gp, gr
+
+
+@dataclass(frozen=True)
+class JointFrames:
+    """Result of :meth:`BodyKinematics.joint_frames` (numpy or torch, like the input).
+
+    Attributes:
+        body_positions: ``[..., B, 3]`` m, ``world_from_body`` origins.
+        body_rotations_wxyz: ``[..., B, 4]`` ``world_from_body`` rotations.
+        joint_positions: ``[..., S, 3]`` m, world position of each joint step's anchor.
+        joint_rotations_wxyz: ``[..., S, 4]`` world rotation of the frame each joint step's axis and
+            velocity are expressed in (just before the joint applies).
+    """
+
+    body_positions: object
+    body_rotations_wxyz: object
+    joint_positions: object
+    joint_rotations_wxyz: object
 
 
 class BodyKinematics:
@@ -436,6 +462,80 @@ class BodyKinematics:
             fn(qt, xp, out_p, out_r, s, e)
 
         return self._run(q2, lead, chunk)
+
+    def joint_frames(self, q) -> JointFrames:
+        """Body transforms plus the world frame of every joint step, from generalized coordinates.
+
+        Same composition as :meth:`from_coordinates`; additionally records, per joint step (the plan's
+        steps flattened in body order, i.e. the layout's non-FIXED blocks in order), the world position
+        of the joint anchor and the world rotation of the frame in which the joint axis (hinge, slide)
+        and the joint velocity (ball: angular velocity in the parent frame) are expressed, i.e. the frame
+        just before the joint applies. A free joint reports its body origin and the world axes. This is
+        MuJoCo's ``xanchor`` and (rotating the joint axis) ``xaxis``.
+
+        Args:
+            q: ``[..., nq]`` float32/float64, numpy or torch.
+        Returns:
+            :class:`JointFrames` with ``[..., B, 3]``, ``[..., B, 4]``, ``[..., S, 3]``, ``[..., S, 4]``.
+        """
+        lead = tuple(q.shape[:-1])
+        q2 = q.reshape(-1, q.shape[-1])
+        xp = _ns(q)
+        fn = self._traced_joint_frames()
+        n, nb = q2.shape[0], self.plan.num_bodies
+        ns = sum(len(st) for st in self.plan.steps)
+        if _is_torch(q2):
+            import torch
+
+            mk = lambda *shape: torch.empty(shape, dtype=q2.dtype, device=q2.device)
+            on_cpu = q2.device.type == "cpu" and not q2.requires_grad
+        else:
+            mk = lambda *shape: np.empty(shape, dtype=q2.dtype)
+            on_cpu = True
+        out_p, out_r, out_jp, out_jr = mk(n, nb, 3), mk(n, nb, 4), mk(n, ns, 3), mk(n, ns, 4)
+
+        def chunk(s, e):
+            qt = q2[s:e].T
+            qt = qt.contiguous() if _is_torch(qt) else np.ascontiguousarray(qt)
+            fn(qt, xp, out_p, out_r, out_jp, out_jr, s, e)
+
+        _run_chunks(n, chunk, on_cpu)
+        return JointFrames(
+            body_positions=out_p.reshape(lead + (nb, 3)),
+            body_rotations_wxyz=out_r.reshape(lead + (nb, 4)),
+            joint_positions=out_jp.reshape(lead + (ns, 3)),
+            joint_rotations_wxyz=out_jr.reshape(lead + (ns, 4)),
+        )
+
+    def _traced_joint_frames(self):
+        fn = self._compiled.get("joints")
+        if fn is None:
+            tr = _Tracer()
+            ns = _TraceNS(tr)
+            cols: dict[int, _Sym] = {}
+
+            def qcol(i):
+                if i not in cols:
+                    cols[i] = tr.emit(f"qt[{i}]")
+                return cols[i]
+
+            plan = self.plan
+            rec: list[list] = [[] for _ in range(plan.num_bodies)]
+            gp, gr = _compose(plan, lambda b: _local_from_steps(plan, b, qcol, ns, rec[b]))
+            outs = [("out_p", b, gp[b]) for b in range(plan.num_bodies)]
+            outs += [("out_r", b, gr[b]) for b in range(plan.num_bodies)]
+            k = 0
+            for b, parent in enumerate(plan.parents):
+                for jp, jr in rec[b]:
+                    if parent >= 0:
+                        jp = _vadd(gp[parent], _qrot(gr[parent], jp))
+                        jr = _qmul(gr[parent], jr)
+                    outs += [("out_jp", k, jp), ("out_jr", k, jr)]
+                    k += 1
+            fn = self._compiled["joints"] = _compile(
+                tr, "qt, xp, out_p, out_r, out_jp, out_jr, s, e", outs, "fk_joints"
+            )
+        return fn
 
     # skeletons --------------------------------------------------------------------------------------
     def from_local(self, root_translation, local_rotation, local_translation=None):

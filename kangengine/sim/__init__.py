@@ -1,0 +1,32 @@
+"""Batched Torch articulation simulator: exact rigid-body dynamics, implicit integration by incremental-
+potential minimisation, PD drives, limits, joint and contact friction, ground contact."""
+
+from .dynamics import (
+    bias_forces,
+    forward_dynamics,
+    inverse_dynamics,
+    kinetic_energy,
+    mass_matrix,
+    momentum,
+    potential_energy,
+)
+from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
+from .model import ContactParams, JointFriction, Model, State
+
+__all__ = [
+    "Model",
+    "State",
+    "ContactParams",
+    "JointFriction",
+    "link_jacobians",
+    "link_velocities",
+    "link_transforms",
+    "LinkVelocities",
+    "mass_matrix",
+    "bias_forces",
+    "inverse_dynamics",
+    "forward_dynamics",
+    "kinetic_energy",
+    "potential_energy",
+    "momentum",
+]

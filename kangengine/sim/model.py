@@ -1,0 +1,699 @@
+"""`Model`: the simulator's view of an articulation, as torch tensors built once; `State`: ``q, qd``
+batched over worlds.
+
+Everything a step needs that does not change with the state is precomputed here: body inertias, the
+motion axes of every DOF in the frame of its joint, the tree masks that replace recursions over bodies
+(which DOFs move which body, which bodies lie in which subtree), joint damping and friction, limits,
+passive springs, PD drive gains and effort limits, and the contact points of the collision geoms.
+
+Units are SI; frames and the velocity convention are the layout's (``docs/conventions.md``): free root
+``qd`` = (linear velocity of the root body origin in world, angular velocity in world), ball ``qd`` =
+angular velocity in the parent joint frame, hinge/slide ``qd`` = joint rate.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..animation.layout import ArticulationCoordinateLayout
+from ..asset.desc import ArticulationDesc, GeomType, JointType
+from ..errors import LayoutMismatch, ShapeError, UnknownNameError
+
+__all__ = ["JointFriction", "ContactParams", "Model", "State"]
+
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class JointFriction:
+    """Smoothed Coulomb/Stribeck joint friction shared by every DOF that does not set its own
+    (reference: ``ArticulatedJointFrictionParams``).
+
+    The dry-friction potential of a DOF (a ball joint: of the norm of its angular velocity) is
+    ``mu0 * phi(|v|)`` with ``mu0 = coulomb + stiction_extra``; see :func:`kangengine.sim.friction_phi`.
+
+    Attributes:
+        falloff_vel: velocity (m/s or rad/s) below which dry friction ramps from 0 to its peak.
+        stiction_extra: extra static friction (N or N m) above the Coulomb value, for every DOF.
+        stribeck_vel: Stribeck velocity (m/s or rad/s); 0 drops from static to dynamic friction at
+            ``falloff_vel`` at once.
+    """
+
+    falloff_vel: float = 1e-3
+    stiction_extra: float = 0.0
+    stribeck_vel: float = 0.0
+
+
+@dataclass(frozen=True)
+class ContactParams:
+    """Ground contact (a plane ``z = ground_height``) of the collision geoms.
+
+    Each sphere, capsule end, box corner and cylinder rim point is a contact point with a compliant
+    normal penalty ``U = stiffness/2 * depth^2`` (``depth`` = penetration, m), normal damping
+    ``damping * depth_rate`` while penetrating, and smoothed Coulomb friction whose potential is
+    ``friction * normal_force * phi(|slip velocity|)`` with the same ``phi`` as joint friction.
+
+    Attributes:
+        stiffness: N/m per contact point.
+        damping: N s/m per contact point.
+        friction: Coulomb coefficient; ``None`` takes each geom's MJCF sliding friction combined with
+            the world plane's by ``max`` (MuJoCo's rule), 1.0 where the file has none.
+        falloff_vel: m/s, slip velocity below which friction ramps up (see :class:`JointFriction`).
+        stiction_extra: extra static friction coefficient on top of ``friction``.
+        stribeck_vel: m/s.
+        ground_height: m, height of the ground plane.
+        enabled: ``False`` disables ground contact.
+    """
+
+    stiffness: float = 5e4
+    damping: float = 1e3
+    friction: float | None = None
+    falloff_vel: float = 1e-2
+    stiction_extra: float = 0.0
+    stribeck_vel: float = 0.0
+    ground_height: float = 0.0
+    enabled: bool = True
+
+
+PerDof = float | Sequence[float] | np.ndarray | Mapping[str, float] | None
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """Tensors of one articulation for the simulator, built once by :meth:`from_desc`.
+
+    Sizes: ``B`` bodies, ``nq``/``nv`` coordinates/DOFs, ``S`` joint steps (the layout's non-FIXED
+    blocks), ``C`` contact-point slots (``contact_bodies x points_per_body``). All float tensors have
+    the model's ``dtype`` and live on its ``device``.
+
+    Bodies:
+        body_mass ``[B]`` kg; body_com ``[B, 3]`` m (body frame); body_inertia ``[B, 3, 3]`` kg m^2 about
+        the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off;
+        gravity ``[3]`` m/s^2 (world).
+    DOFs:
+        dof_body ``[nv]`` body each DOF moves; dof_step ``[nv]`` its joint step; dof_angular_axis and
+        dof_linear_axis ``[nv, 3]``: the DOF's unit motion in its joint frame (hinge: angular = axis;
+        slide: linear = axis; ball: angular = e_k; free: linear e_k then angular e_k, in world axes).
+        armature ``[nv]`` (joint inertia, kg m^2 or kg), damping ``[nv]`` (viscous, N m s/rad),
+        friction_coulomb / friction_stiction / friction_falloff / friction_stribeck ``[nv]``,
+        lower / upper ``[nv]`` limits (+-inf where none), limit_stiffness / limit_damping ``[nv]``,
+        spring_stiffness / spring_ref ``[nv]`` (passive joint springs, hinge/slide), drive_stiffness /
+        drive_damping ``[nv]`` (PD gains), effort_limit ``[nv]`` (+inf where none).
+    Tree masks (0/1 in the float dtype):
+        dof_moves_body ``[B, nv]``; subtree ``[B, B]`` (``subtree[b, k]``: k lies in b's subtree);
+        dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_coupled ``[nv, nv]``;
+        dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in.
+    Contacts:
+        contact_body ``[Bc]`` bodies with contact points; contact_point_local ``[Bc, P, 3]`` m (body
+        frame), contact_radius ``[Bc, P]`` m, contact_valid ``[Bc, P]`` (0 for padding slots),
+        contact_friction ``[Bc, P]``; contact_point_body ``[C]`` and contact_point_geom (names) per
+        flattened slot; contact: :class:`ContactParams`. skipped_geoms: collision geoms not simulated.
+    Self-collision filter:
+        collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
+        links welded by fixed joints or joined through a link without geometry, and the file's
+        exclusions).
+    """
+
+    layout: ArticulationCoordinateLayout
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    parents: tuple[int, ...]
+    body_mass: torch.Tensor
+    body_com: torch.Tensor
+    body_inertia: torch.Tensor
+    body_gravity: torch.Tensor
+    gravity: torch.Tensor
+    dof_body: torch.Tensor
+    dof_step: torch.Tensor
+    dof_angular_axis: torch.Tensor
+    dof_linear_axis: torch.Tensor
+    armature: torch.Tensor
+    damping: torch.Tensor
+    friction_coulomb: torch.Tensor
+    friction_stiction: torch.Tensor
+    friction_falloff: torch.Tensor
+    friction_stribeck: torch.Tensor
+    friction_group: torch.Tensor
+    lower: torch.Tensor
+    upper: torch.Tensor
+    limit_stiffness: torch.Tensor
+    limit_damping: torch.Tensor
+    spring_stiffness: torch.Tensor
+    spring_ref: torch.Tensor
+    drive_stiffness: torch.Tensor
+    drive_damping: torch.Tensor
+    effort_limit: torch.Tensor
+    dof_moves_body: torch.Tensor
+    subtree: torch.Tensor
+    dof_above: torch.Tensor
+    dof_coupled: torch.Tensor
+    dof_frame: torch.Tensor
+    scalar_dof: torch.Tensor
+    scalar_q: torch.Tensor
+    vec_q: torch.Tensor
+    vec_v: torch.Tensor
+    rot_q: torch.Tensor
+    rot_v: torch.Tensor
+    contact_body: torch.Tensor
+    contact_point_local: torch.Tensor
+    contact_radius: torch.Tensor
+    contact_valid: torch.Tensor
+    contact_friction: torch.Tensor
+    contact_point_body: torch.Tensor
+    contact_point_geom: tuple[str, ...]
+    contact: ContactParams
+    skipped_geoms: tuple[str, ...]
+    collision_filter_pairs: tuple[tuple[str, str], ...]
+    has_ball_friction: bool = False
+    extras: dict = field(default_factory=dict)
+
+    # -- sizes ----------------------------------------------------------------------------------------
+    @property
+    def nq(self) -> int:
+        return self.layout.nq
+
+    @property
+    def nv(self) -> int:
+        return self.layout.nv
+
+    @property
+    def num_bodies(self) -> int:
+        return len(self.parents)
+
+    @property
+    def body_names(self) -> tuple[str, ...]:
+        return self.layout.body_names
+
+    @property
+    def num_contact_points(self) -> int:
+        """``C``: flattened contact slots (padding included; see ``contact_valid``)."""
+        return int(self.contact_point_body.shape[0])
+
+    @property
+    def total_mass(self) -> float:
+        return float(self.body_mass.sum())
+
+    # -- construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_desc(
+        cls,
+        desc: ArticulationDesc,
+        layout: ArticulationCoordinateLayout | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        free_root: bool = True,
+        drive_stiffness: PerDof = 0.0,
+        drive_damping: PerDof = 0.0,
+        effort_limit: PerDof = None,
+        limit_stiffness: PerDof = 100.0,
+        limit_damping: PerDof = 0.0,
+        armature: PerDof = None,
+        joint_damping: PerDof = None,
+        joint_friction: PerDof = None,
+        friction_params: JointFriction = JointFriction(),
+        passive_springs: bool = True,
+        gravity: Sequence[float] | None = None,
+        link_gravity: Mapping[str, bool] | None = None,
+        contact: ContactParams = ContactParams(),
+    ) -> Model:
+        """Build the simulator model of ``desc``.
+
+        Per-DOF arguments (``PerDof``) take a scalar (every hinge/slide/ball DOF; free-root DOFs get 0
+        for gains and +inf for effort limits), an ``[nv]`` array, or a mapping from joint names or
+        DOF names (``layout.dof_names``) to values (unnamed DOFs keep the default).
+
+        Args:
+            desc: the articulation (any loader).
+            layout: its coordinate layout; built with ``free_root`` when omitted.
+            device, dtype: where and in which precision the tensors live (float32 or float64).
+            drive_stiffness, drive_damping: PD gains (N m/rad, N m s/rad; N/m, N s/m).
+            effort_limit: largest drive effort per DOF; ``None`` takes the file's (``+inf`` where none).
+            limit_stiffness, limit_damping: joint-limit spring and damper (defaults 100 and 0). Limits
+                are the file's ranges (MJCF ``range`` of limited hinges and slides).
+            armature: joint inertia; ``None`` takes the file's (MJCF ``armature``).
+            joint_damping: viscous joint damping; ``None`` takes the file's (MJCF ``damping``).
+            joint_friction: Coulomb joint friction (N m or N); ``None`` takes MJCF ``frictionloss``.
+            friction_params: smoothing shared by the joint friction (:class:`JointFriction`).
+            passive_springs: keep the file's passive joint springs (MJCF ``stiffness``/``springref``).
+            gravity: ``[3]`` m/s^2; ``None`` takes the file's.
+            link_gravity: body name -> whether gravity acts on it (default: all).
+            contact: ground contact parameters.
+        Raises:
+            LayoutMismatch: ``layout`` was built for another description.
+            UnknownNameError: a name in a mapping argument is not a joint, DOF or body.
+            ShapeError: an array argument has the wrong length.
+        """
+        if layout is None:
+            layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=free_root)
+        if layout.body_names != desc.body_names:
+            raise LayoutMismatch(
+                "the layout's bodies differ from the description's; build the layout from it",
+                path=desc.source,
+                item="layout",
+            )
+        device = torch.device(device)
+        if dtype not in (torch.float32, torch.float64):
+            raise ShapeError(
+                f"dtype {dtype} is not supported; expected torch.float32 or torch.float64",
+                path=desc.source,
+                item="dtype",
+            )
+        nv, nb = layout.nv, layout.num_bodies
+        t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
+        ti = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
+
+        # -- bodies -----------------------------------------------------------------------------------
+        parents = tuple(int(p) for p in layout.parent_indices)
+        mass = np.array([b.mass for b in desc.bodies])
+        com = np.array([b.com for b in desc.bodies]).reshape(nb, 3)
+        inertia = np.array([b.inertia for b in desc.bodies]).reshape(nb, 3, 3)
+        grav_mask = np.ones(nb)
+        for name, on in (link_gravity or {}).items():
+            grav_mask[_body_index(desc, name)] = 1.0 if on else 0.0
+        g = np.asarray(desc.gravity if gravity is None else gravity, dtype=np.float64).reshape(3)
+
+        # -- DOFs -----------------------------------------------------------------------------------
+        joints = {j.name: j for j in desc.joints}
+        dof_body = np.zeros(nv, dtype=np.int64)
+        dof_step = np.zeros(nv, dtype=np.int64)
+        dof_joint = np.zeros(nv, dtype=np.int64)
+        ang = np.zeros((nv, 3))
+        lin = np.zeros((nv, 3))
+        kind = [""] * nv
+        arm = np.zeros(nv)
+        damp = np.zeros(nv)
+        fric = np.zeros(nv)
+        lower = np.full(nv, -_INF)
+        upper = np.full(nv, _INF)
+        kspring = np.zeros(nv)
+        spring_ref = np.zeros(nv)
+        effort = np.full(nv, _INF)
+        scalar = np.zeros(nv, dtype=bool)
+        scalar_q = np.zeros(nv, dtype=np.int64)
+        free_dof = np.zeros(nv, dtype=bool)
+        group = np.arange(nv)
+        step = 0
+        for bi, blk in enumerate(layout.blocks):
+            jt = blk.joint_type
+            if jt is JointType.FIXED:
+                continue
+            sl = blk.qd_slice
+            dof_body[sl] = blk.body_index
+            dof_step[sl] = step
+            dof_joint[sl] = bi
+            jd = joints.get(blk.joint_name)
+            if jt is JointType.FREE:
+                lin[sl.start : sl.start + 3] = np.eye(3)
+                ang[sl.start + 3 : sl.stop] = np.eye(3)
+                kind[sl] = ["free_lin"] * 3 + ["free_ang"] * 3
+                free_dof[sl] = True
+            elif jt is JointType.BALL:
+                ang[sl] = np.eye(3)
+                kind[sl] = ["ball"] * 3
+                group[sl] = sl.start
+            elif jt is JointType.HINGE:
+                ang[sl.start] = blk.axis
+                kind[sl.start] = "hinge"
+            elif jt is JointType.SLIDE:
+                lin[sl.start] = blk.axis
+                kind[sl.start] = "slide"
+            if jt in (JointType.HINGE, JointType.SLIDE):
+                scalar[sl.start] = True
+                scalar_q[sl.start] = blk.q_offset
+                if blk.limits is not None:
+                    lower[sl.start], upper[sl.start] = blk.limits
+            if jd is not None and jt is not JointType.FREE:
+                arm[sl] = jd.armature
+                damp[sl] = jd.damping
+                fric[sl] = jd.frictionloss
+                if jd.effort_limit is not None:
+                    effort[sl] = jd.effort_limit
+                if passive_springs and jt in (JointType.HINGE, JointType.SLIDE):
+                    kspring[sl] = jd.stiffness
+                    spring_ref[sl] = jd.spring_ref
+            step += 1
+        if step != sum(len(s) for s in layout.tree_plan.steps):
+            raise LayoutMismatch("joint steps of the layout's plan and its blocks disagree", path=desc.source)
+
+        names = _dof_keys(layout)
+        movable = ~free_dof
+        arm = _per_dof(armature, arm, names, nv, "armature", desc.source, movable)
+        damp = _per_dof(joint_damping, damp, names, nv, "joint_damping", desc.source, movable)
+        fric = _per_dof(joint_friction, fric, names, nv, "joint_friction", desc.source, movable)
+        kp = _per_dof(drive_stiffness, np.zeros(nv), names, nv, "drive_stiffness", desc.source, movable)
+        kd = _per_dof(drive_damping, np.zeros(nv), names, nv, "drive_damping", desc.source, movable)
+        effort = _per_dof(effort_limit, effort, names, nv, "effort_limit", desc.source, movable)
+        klim = _per_dof(limit_stiffness, np.zeros(nv), names, nv, "limit_stiffness", desc.source, scalar)
+        dlim = _per_dof(limit_damping, np.zeros(nv), names, nv, "limit_damping", desc.source, scalar)
+        has_limit = np.isfinite(lower) | np.isfinite(upper)
+        klim = np.where(has_limit, klim, 0.0)
+        dlim = np.where(has_limit, dlim, 0.0)
+        fric = np.where(free_dof, 0.0, fric)
+        damp = np.where(free_dof, 0.0, damp)
+        arm = np.where(free_dof, 0.0, arm)
+
+        # -- tree masks --------------------------------------------------------------------------------
+        anc = np.zeros((nb, nb), dtype=bool)  # anc[a, b]: a is b or an ancestor of b
+        for b in range(nb):
+            a = b
+            while a >= 0:
+                anc[a, b] = True
+                a = parents[a]
+        moves = anc[dof_body][:, :].T  # [B, nv]: moves[b, d] = anc[body(d), b]
+        above = anc[np.ix_(dof_body, dof_body)]  # [nv, nv]
+        coupled = above | above.T
+        frame = np.zeros((nv, nv), dtype=bool)
+        for i in range(nv):
+            for j in range(nv):
+                bi_, bj = dof_body[i], dof_body[j]
+                if bj != bi_:
+                    frame[i, j] = anc[bj, bi_]
+                elif dof_joint[j] < dof_joint[i]:
+                    frame[i, j] = True
+                elif dof_joint[j] == dof_joint[i] and kind[i] == "free_ang" and kind[j] == "free_lin":
+                    frame[i, j] = True
+
+        # -- friction groups (ball joints use the norm of their angular velocity) -------------------------
+        has_ball_friction = bool(np.any([(kind[d] == "ball") and fric[d] > 0 for d in range(nv)]))
+        fr = friction_params
+        stiction = np.where(fric > 0, fr.stiction_extra, 0.0)
+
+        # -- manifold index arrays -----------------------------------------------------------------------
+        ix = layout._index
+
+        # -- contact points ------------------------------------------------------------------------------
+        cdata = _contact_points(desc, contact)
+        filter_pairs = _collision_filter(desc)
+
+        return cls(
+            layout=layout,
+            name=desc.name,
+            device=device,
+            dtype=dtype,
+            parents=parents,
+            body_mass=t(mass),
+            body_com=t(com),
+            body_inertia=t(inertia),
+            body_gravity=t(grav_mask),
+            gravity=t(g),
+            dof_body=ti(dof_body),
+            dof_step=ti(dof_step),
+            dof_angular_axis=t(ang),
+            dof_linear_axis=t(lin),
+            armature=t(arm),
+            damping=t(damp),
+            friction_coulomb=t(fric),
+            friction_stiction=t(stiction),
+            friction_falloff=t(np.full(nv, fr.falloff_vel)),
+            friction_stribeck=t(np.full(nv, fr.stribeck_vel)),
+            friction_group=ti(group),
+            lower=t(lower),
+            upper=t(upper),
+            limit_stiffness=t(klim),
+            limit_damping=t(dlim),
+            spring_stiffness=t(kspring),
+            spring_ref=t(spring_ref),
+            drive_stiffness=t(kp),
+            drive_damping=t(kd),
+            effort_limit=t(effort),
+            dof_moves_body=t(moves),
+            subtree=t(anc),
+            dof_above=t(above),
+            dof_coupled=t(coupled),
+            dof_frame=t(frame),
+            scalar_dof=torch.as_tensor(scalar, device=device),
+            scalar_q=ti(scalar_q),
+            vec_q=ti(ix["vec_q"]),
+            vec_v=ti(ix["vec_v"]),
+            rot_q=ti(ix["rot_q"]),
+            rot_v=ti(ix["rot_v"]),
+            contact_body=ti(cdata["body"]),
+            contact_point_local=t(cdata["local"]),
+            contact_radius=t(cdata["radius"]),
+            contact_valid=t(cdata["valid"]),
+            contact_friction=t(cdata["friction"]),
+            contact_point_body=ti(cdata["point_body"]),
+            contact_point_geom=cdata["point_geom"],
+            contact=contact,
+            skipped_geoms=cdata["skipped"],
+            collision_filter_pairs=filter_pairs,
+            has_ball_friction=has_ball_friction,
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def dof_index(self, name: str) -> int:
+        """Index of DOF ``name`` (``layout.dof_names``); :class:`UnknownNameError` listing them otherwise."""
+        try:
+            return self.layout.dof_names.index(name)
+        except ValueError:
+            raise UnknownNameError(
+                f"no DOF {name!r}; DOFs are: {', '.join(self.layout.dof_names)}", path=self.layout.source
+            ) from None
+
+    def check_state(self, q: torch.Tensor, qd: torch.Tensor | None = None) -> None:
+        """Raise :class:`ShapeError` unless ``q [W, nq]`` (and ``qd [W, nv]``) match the model's sizes,
+        dtype and device."""
+        for name, x, n in (("q", q, self.nq), ("qd", qd, self.nv)):
+            if x is None:
+                continue
+            if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[-1] != n:
+                shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
+                raise ShapeError(
+                    f"expected a torch tensor [worlds, {n}], got {shape}", path=self.layout.source, item=name
+                )
+            if x.dtype != self.dtype or x.device != self.device:
+                raise ShapeError(
+                    f"expected {self.dtype} on {self.device}, got {x.dtype} on {x.device}",
+                    path=self.layout.source,
+                    item=name,
+                )
+
+
+@dataclass(frozen=True, eq=False)
+class State:
+    """Simulation state of ``W`` worlds.
+
+    Attributes:
+        q: ``[W, nq]`` generalized coordinates (m, rad, WXYZ quaternions), the layout's convention, so an
+            :class:`~kangengine.animation.ArticulationMotion` frame is a state.
+        qd: ``[W, nv]`` generalized velocities, canonical tangent convention.
+        frozen: ``[W]`` bool: worlds whose state became non-finite; they keep their last finite state and
+            are no longer advanced (clear the flag to resume a world after resetting it).
+    """
+
+    q: torch.Tensor
+    qd: torch.Tensor
+    frozen: torch.Tensor
+
+    @property
+    def num_worlds(self) -> int:
+        return int(self.q.shape[0])
+
+    @classmethod
+    def from_q(cls, model: Model, q, qd=None) -> State:
+        """A state from coordinates ``q [W, nq]`` or ``[nq]`` (any array) and optional velocities
+        ``qd [W, nv]`` (zero when omitted), cast to the model's dtype and device."""
+        qt = torch.as_tensor(
+            np.asarray(q) if not isinstance(q, torch.Tensor) else q, dtype=model.dtype, device=model.device
+        )
+        if qt.ndim == 1:
+            qt = qt[None]
+        if qd is None:
+            qdt = torch.zeros(qt.shape[0], model.nv, dtype=model.dtype, device=model.device)
+        else:
+            qdt = torch.as_tensor(
+                np.asarray(qd) if not isinstance(qd, torch.Tensor) else qd, dtype=model.dtype, device=model.device
+            )
+            if qdt.ndim == 1:
+                qdt = qdt[None].expand(qt.shape[0], -1)
+        model.check_state(qt, qdt)
+        if qdt.shape[0] != qt.shape[0]:
+            raise ShapeError(
+                f"q has {qt.shape[0]} worlds but qd has {qdt.shape[0]}", path=model.layout.source, item="qd"
+            )
+        frozen = torch.zeros(qt.shape[0], dtype=torch.bool, device=model.device)
+        return cls(q=qt.contiguous(), qd=qdt.contiguous(), frozen=frozen)
+
+    @classmethod
+    def neutral(cls, model: Model, num_worlds: int = 1) -> State:
+        """``num_worlds`` copies of the modelled pose (``layout.neutral()``) at rest."""
+        q = np.tile(model.layout.neutral(), (num_worlds, 1))
+        return cls.from_q(model, q)
+
+    @classmethod
+    def from_motion(cls, model: Model, motion, frame=0) -> State:
+        """The state of an :class:`~kangengine.animation.ArticulationMotion` at ``frame`` (an int, or an
+        ``[W]`` index array giving one world per entry)."""
+        idx = np.atleast_1d(np.asarray(frame, dtype=np.int64))
+        q = np.asarray(motion.q)[idx]
+        qd = np.asarray(motion.qd)[idx]
+        return cls.from_q(model, q, qd)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+
+
+def _body_index(desc: ArticulationDesc, name: str) -> int:
+    return desc.body_index(name)
+
+
+def _dof_keys(layout: ArticulationCoordinateLayout) -> dict[str, list[int]]:
+    keys: dict[str, list[int]] = {}
+    for blk in layout.blocks:
+        if blk.qd_dim:
+            keys.setdefault(blk.joint_name, []).extend(range(blk.qd_offset, blk.qd_offset + blk.qd_dim))
+    for d, n in enumerate(layout.dof_names):
+        keys.setdefault(n, [d])
+    return keys
+
+
+def _per_dof(value: PerDof, default: np.ndarray, names: dict, nv: int, what: str, src, scalar_mask) -> np.ndarray:
+    out = np.array(default, dtype=np.float64, copy=True)
+    if value is None:
+        return out
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if k not in names:
+                raise UnknownNameError(
+                    f"{what}: no joint or DOF {k!r}; names are: {', '.join(names)}", path=src, item=what
+                )
+            out[names[k]] = float(v)
+        return out
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 0:
+        return np.where(scalar_mask, float(arr), out)
+    if arr.shape != (nv,):
+        raise ShapeError(
+            f"{what} has shape {arr.shape}; expected a scalar, [{nv}] or a name mapping", path=src, item=what
+        )
+    return arr.copy()
+
+
+def _geom_points(g) -> list[tuple[np.ndarray, float]] | None:
+    """Contact spheres (point in the geom frame, radius) of a geom, or None when unsupported."""
+    s = g.size
+    if g.type is GeomType.SPHERE:
+        return [(np.zeros(3), float(s[0]))]
+    if g.type is GeomType.CAPSULE:
+        return [(np.array([0.0, 0.0, -s[1]]), float(s[0])), (np.array([0.0, 0.0, s[1]]), float(s[0]))]
+    if g.type is GeomType.BOX:
+        return [(np.array([x * s[0], y * s[1], z * s[2]]), 0.0) for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)]
+    if g.type is GeomType.CYLINDER:  # two rims of 8 points: exact flat on the ground, polygonal on its side
+        ang = np.arange(8) * (np.pi / 4)
+        return [(np.array([s[0] * np.cos(a), s[0] * np.sin(a), z * s[1]]), 0.0) for z in (-1, 1) for a in ang]
+    return None
+
+
+def _quat_matrix(q) -> np.ndarray:
+    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
+    planes = [g for g in desc.geoms if g.body < 0 and g.type is GeomType.PLANE]
+    per_body: dict[int, list] = {}
+    skipped = []
+    for g in desc.geoms:
+        if g.body < 0 or not g.collides:
+            continue
+        if planes and not any((g.contype & p.conaffinity) or (p.contype & g.conaffinity) for p in planes):
+            continue
+        pts = _geom_points(g)
+        if pts is None:
+            skipped.append(g.name)
+            continue
+        if contact.friction is not None:
+            mu = float(contact.friction)
+        else:
+            mu = max([float(g.friction[0])] + [float(p.friction[0]) for p in planes])
+        rot = _quat_matrix(g.quat_wxyz)
+        for p, r in pts:
+            per_body.setdefault(g.body, []).append((g.pos + rot @ p, r, mu, g.name))
+    if skipped:
+        warnings.warn(
+            f"{desc.source or desc.name}: collision geoms of unsupported type are not simulated "
+            f"(sphere, capsule, box and cylinder are): {', '.join(skipped)}",
+            stacklevel=3,
+        )
+    bodies = sorted(per_body)
+    if not contact.enabled:
+        bodies = []
+    width = max([len(per_body[b]) for b in bodies], default=0)
+    nc = len(bodies)
+    local = np.zeros((nc, width, 3))
+    radius = np.zeros((nc, width))
+    valid = np.zeros((nc, width))
+    fr = np.zeros((nc, width))
+    point_body, point_geom = [], []
+    for i, b in enumerate(bodies):
+        for k in range(width):
+            if k < len(per_body[b]):
+                p, r, mu, name = per_body[b][k]
+                local[i, k], radius[i, k], valid[i, k], fr[i, k] = p, r, 1.0, mu
+                point_geom.append(name)
+            else:
+                point_geom.append("")
+            point_body.append(b)
+    return {
+        "body": np.array(bodies, dtype=np.int64),
+        "local": local,
+        "radius": radius,
+        "valid": valid,
+        "friction": fr,
+        "point_body": np.array(point_body, dtype=np.int64),
+        "point_geom": tuple(point_geom),
+        "skipped": tuple(skipped),
+    }
+
+
+def _collision_filter(desc: ArticulationDesc) -> tuple[tuple[str, str], ...]:
+    """Body pairs that never collide: parent-child, links welded by fixed joints (no DOF) or joined
+    through a link without collision geometry, and the file's exclusions (reference: contact filter)."""
+    nb = len(desc.bodies)
+    has_geom = np.zeros(nb, dtype=bool)
+    for g in desc.geoms:
+        if g.body >= 0 and g.collides:
+            has_geom[g.body] = True
+    # rigid groups: a body without joints is welded to its parent
+    group = list(range(nb))
+    for b, body in enumerate(desc.bodies):
+        if body.parent >= 0 and not body.joints:
+            group[b] = group[body.parent]
+    pairs: set[tuple[int, int]] = set()
+
+    def add(a, b):
+        if a != b:
+            pairs.add((min(a, b), max(a, b)))
+
+    for b, body in enumerate(desc.bodies):
+        p = body.parent
+        if p < 0:
+            continue
+        add(b, p)
+        # through shapeless links: every body reachable from b over shapeless ancestors
+        a = p
+        while a >= 0 and not has_geom[a] and desc.bodies[a].parent >= 0:
+            a = desc.bodies[a].parent
+            add(b, a)
+    for a in range(nb):
+        for b in range(a + 1, nb):
+            if group[a] == group[b]:
+                add(a, b)
+    names = desc.body_names
+    for n1, n2 in desc.contact_exclusions:
+        add(names.index(n1), names.index(n2))
+    return tuple(sorted((names[a], names[b]) for a, b in pairs))
