@@ -1,0 +1,574 @@
+"""PhysX adapter: canonical ``ArticulationMotion`` <-> PhysX articulation root state + DOF state.
+
+PhysX reduced-coordinate articulations (PhysX 5, Isaac Lab, ``ovphysx`` tensor views) keep the root link's
+state apart from the joint DOFs. Conventions (each checked against PhysX through ``ovphysx`` in
+``tests/test_adapters_physx.py``):
+
+=============================  =========================================  ==============================================
+quantity                       canonical (KangEngine)                     PhysX
+=============================  =========================================  ==============================================
+quaternions                    WXYZ                                       XYZW
+root position / rotation       root body origin in world                  root link actor frame (the same) in world
+root linear velocity           root body origin, world frame              root link COM, world frame
+root angular velocity          world frame                                world frame
+revolute / prismatic DOF       MuJoCo ``qpos`` (``ref`` at model pose)    ``q - ref`` (0 at the authored pose)
+spherical joint (ball)         quaternion; angular velocity in the        3 DOFs (twist, swing1, swing2): exponential
+                               parent joint frame                         coordinates (rotation vector) of the joint
+                                                                          rotation in the parent joint frame;
+                                                                          velocities: the joint's angular velocity
+                                                                          in child-frame components
+three hinges on one body       three angles, applied in authored order    one D6 joint with the three rotations free:
+                                                                          the same exponential coordinates and
+                                                                          child-frame velocities, in the joint frame
+                                                                          whose x, y, z axes are the three hinge axes
+DOF order                      the layout's order                         the articulation's own order (breadth-first
+                                                                          link order); read it from the live
+                                                                          articulation: ``dof_names``
+=============================  =========================================  ==============================================
+
+Joint frames the conversion assumes (the way an MJCF/URDF body becomes a PhysX link): a revolute or
+prismatic joint's axis is the joint frame's x axis; a spherical joint's child frame is the body frame at
+the joint anchor; a three-hinge D6's joint frame has the hinge axes (orthonormal, right-handed) as x, y, z.
+Bodies with two hinges, or with hinges and slides together, have no PhysX equivalent here and raise
+:class:`~kangengine.errors.UnsupportedJointError` when the adapter is built.
+
+``ovphysx`` is optional (``pip install -e ".[physx]"``); this module never imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import rotations as R
+from ..asset.desc import JointType
+from ..errors import LayoutMismatch, ShapeError, UnsupportedJointError
+from . import _common as C
+
+__all__ = ["PhysXMotionAdapter", "PhysXBuffers", "PhysXArticulationMatch"]
+
+
+@dataclass(frozen=True)
+class PhysXBuffers:
+    """PhysX-native state (numpy from ``pack``, float32 like the motion or float64 when given float64;
+    torch ``[n, ...]`` from ``pack_sample``).
+
+    Attributes:
+        root_positions: ``[frames, 3]`` m, root link origin in world.
+        root_rotations_xyzw: ``[frames, 4]`` root link rotation (world_from_root), XYZW.
+        root_linear_velocities: ``[frames, 3]`` m/s, velocity of the root link's COM in world.
+        root_angular_velocities: ``[frames, 3]`` rad/s, world frame.
+        joint_positions: ``[frames, dofs]`` in the articulation's DOF order (rad, m; spherical DOFs:
+            exponential coordinates).
+        joint_velocities: ``[frames, dofs]`` (rad/s, m/s; spherical DOFs: child-frame components).
+    """
+
+    root_positions: object
+    root_rotations_xyzw: object
+    root_linear_velocities: object
+    root_angular_velocities: object
+    joint_positions: object
+    joint_velocities: object
+
+    def root_pose(self):
+        """``[frames, 7]`` ``(x, y, z, qx, qy, qz, qw)``: the layout of PhysX's root-pose tensor."""
+        return _cat([self.root_positions, self.root_rotations_xyzw])
+
+    def root_velocity(self):
+        """``[frames, 6]`` ``(linear COM velocity, angular velocity)`` in world: PhysX's root-velocity tensor."""
+        return _cat([self.root_linear_velocities, self.root_angular_velocities])
+
+
+@dataclass(frozen=True)
+class PhysXArticulationMatch:
+    """What :meth:`PhysXMotionAdapter.validate_articulation` found (the articulation matched).
+
+    Attributes:
+        dof_names: the articulation's DOF names, in its order (= this adapter's columns).
+        joint_of_dof: ``[dofs]`` the layout joint (block) name behind each DOF (a three-hinge D6: the
+            hinge names joined by ``+``).
+    """
+
+    dof_names: tuple[str, ...]
+    joint_of_dof: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The DOFs PhysX gives one body (one joint per link)."""
+
+    kind: str  # "hinge", "slide", "ball", "hinge3"
+    body_index: int
+    body_name: str
+    blocks: tuple[int, ...]
+    names: tuple[str, ...]  # candidate PhysX joint names
+    ndof: int
+
+
+class PhysXMotionAdapter:
+    """Pack canonical motion into PhysX root + DOF state and back.
+
+    Args:
+        layout: the :class:`~kangengine.animation.ArticulationCoordinateLayout` motions are made for.
+        articulation: optional live articulation or view (anything with ``dof_names``, e.g. an ``ovphysx``
+            tensor binding or an Isaac Lab articulation): its DOF order is used (by name), and it is
+            checked with :meth:`validate_articulation`. Without it the order is breadth-first over the
+            layout's bodies, which is what PhysX builds for a tree authored parent-first.
+        dof_names: the articulation's DOF names in order, instead of ``articulation``.
+    Raises:
+        UnsupportedJointError: a body with two hinges, or hinges and slides together (no PhysX joint).
+    """
+
+    def __init__(self, layout, *, articulation=None, dof_names=None):
+        self.layout = layout
+        groups, unsupported = _groups(layout)
+        if unsupported:
+            raise UnsupportedJointError(
+                "PhysX gives each link one joint; these bodies have joint sets with no PhysX equivalent here: "
+                + "; ".join(unsupported),
+                path=layout.source,
+            )
+        if articulation is not None and dof_names is None:
+            dof_names = list(articulation.dof_names)
+        if dof_names is not None:
+            pos = {n: i for i, n in enumerate(dof_names)}
+            key = {
+                id(g): min((pos[n] for n in _dof_names_for(g, dof_names) if n in pos), default=len(pos) + k)
+                for k, g in enumerate(groups)
+            }
+            groups = sorted(groups, key=lambda g: key[id(g)])
+        self._groups = tuple(groups)
+        self._start = np.cumsum([0] + [g.ndof for g in self._groups])[:-1].astype(np.int64)
+        self.num_dofs = int(sum(g.ndof for g in self._groups))
+        self._free = layout.blocks[0] if layout.blocks and layout.blocks[0].joint_type is JointType.FREE else None
+        if self._free is not None and layout.body_coms is None:
+            raise ShapeError(
+                "the layout carries no body COMs; build it with ArticulationCoordinateLayout.from_data", item="layout"
+            )
+        root = self._free.body_index if self._free is not None else 0
+        self._root_com = np.zeros(3) if layout.body_coms is None else np.asarray(layout.body_coms[root], np.float64)
+        self._prepare_indices()
+        if articulation is not None or dof_names is not None:
+            self.validate_articulation(articulation if articulation is not None else _Names(dof_names))
+
+    # -- index tables -------------------------------------------------------------------------------
+    def _prepare_indices(self):
+        lay = self.layout
+        sc_dof, sc_q, sc_v, sc_ref = [], [], [], []
+        ball_dof, ball_q, ball_v = [], [], []
+        self._hinge3 = []
+        for g, s in zip(self._groups, self._start):
+            if g.kind in ("hinge", "slide"):
+                b = lay.blocks[g.blocks[0]]
+                sc_dof.append(s)
+                sc_q.append(b.q_offset)
+                sc_v.append(b.qd_offset)
+                sc_ref.append(b.ref)
+            elif g.kind == "ball":
+                b = lay.blocks[g.blocks[0]]
+                ball_dof.append(range(s, s + 3))
+                ball_q.append(range(b.q_offset, b.q_offset + 4))
+                ball_v.append(range(b.qd_offset, b.qd_offset + 3))
+            else:
+                bs = [lay.blocks[i] for i in g.blocks]
+                axes = np.array([b.axis for b in bs], dtype=np.float64)  # rows a0, a1, a2 (body frame)
+                self._hinge3.append(
+                    {
+                        "dof": np.arange(s, s + 3),
+                        "q": np.array([b.q_offset for b in bs]),
+                        "v": np.array([b.qd_offset for b in bs]),
+                        "ref": np.array([b.ref for b in bs]),
+                        "joint_frame_wxyz": R.quat_from_matrix(axes.T),
+                    }
+                )  # body_from_joint: x, y, z = a0, a1, a2
+        i64 = lambda x, shape: np.array(
+            [list(r) for r in x] if x and not np.isscalar(x[0]) else x, dtype=np.int64
+        ).reshape(shape)
+        self._sc = (i64(sc_dof, -1), i64(sc_q, -1), i64(sc_v, -1), np.array(sc_ref, dtype=np.float64))
+        self._ball = (i64(ball_dof, (-1, 3)), i64(ball_q, (-1, 4)), i64(ball_v, (-1, 3)))
+        # exponential-coordinate DOF triples (ball and three-hinge groups), for pack_sample
+        self._exp_cols = (
+            np.concatenate([self._ball[0].reshape(-1, 3)] + [h["dof"][None] for h in self._hinge3])
+            .astype(np.int64)
+            .reshape(-1, 3)
+        )
+
+    # -- properties -------------------------------------------------------------------------------
+    @property
+    def dof_names(self) -> tuple[str, ...]:
+        """The DOF names this adapter expects, in its column order (hinge/slide: the joint name; spherical
+        and three-hinge D6: ``{joint}:0``, ``{joint}:1``, ``{joint}:2``)."""
+        out = []
+        for g in self._groups:
+            out += _default_dof_names(g)
+        return tuple(out)
+
+    @property
+    def link_order(self) -> tuple[str, ...]:
+        """Bodies with DOFs, in this adapter's DOF order."""
+        return tuple(g.body_name for g in self._groups)
+
+    # -- conversion -------------------------------------------------------------------------------
+    def pack(self, motion) -> PhysXBuffers:
+        """``ArticulationMotion`` -> :class:`PhysXBuffers` (see its attributes for shapes and frames)."""
+        C.require_layout_match(motion, self.layout)
+        return self.pack_arrays(motion.q, motion.qd)
+
+    def pack_arrays(self, q, qd) -> PhysXBuffers:
+        """Like :meth:`pack` for raw canonical arrays ``q [frames, nq]``, ``qd [frames, nv]``."""
+        from .mujoco import _as_arrays
+
+        q, qd = _as_arrays(self.layout, q, qd)
+        dt = q.dtype
+        n = q.shape[0]
+        rp, rr, rv, rw = self._root_pack(q, qd)
+        jp = np.zeros((n, self.num_dofs), dtype=dt)
+        jv = np.zeros((n, self.num_dofs), dtype=dt)
+        d, iq, iv, ref = self._sc
+        if d.size:
+            jp[:, d] = q[:, iq] - ref.astype(dt)
+            jv[:, d] = qd[:, iv]
+        d, iq, iv = self._ball
+        if d.size:
+            quat = R.quat_normalize(q[:, iq])
+            jp[:, d] = R.quat_to_rotvec(quat)
+            jv[:, d] = R.quat_rotate_inverse(quat, qd[:, iv])
+        for h in self._hinge3:
+            angles = q[:, h["q"]] - h["ref"].astype(dt)
+            rot_joint = R.quat_from_euler(angles, "xyz", extrinsic=False)  # in the hinge-axes frame
+            jp[:, h["dof"]] = R.quat_to_rotvec(rot_joint)
+            w_parent = _euler_xyz_rates_to_w(angles, qd[:, h["v"]])
+            jv[:, h["dof"]] = R.quat_rotate_inverse(rot_joint, w_parent)
+        return PhysXBuffers(rp, rr, rv, rw, jp, jv)
+
+    def _root_pack(self, q, qd):
+        dt = q.dtype
+        n = q.shape[0]
+        if self._free is None:
+            lay = self.layout
+            rp = np.broadcast_to(lay.rest_positions[0].astype(dt), (n, 3)).copy()
+            rr = np.broadcast_to(lay.rest_rotations_wxyz[0][[1, 2, 3, 0]].astype(dt), (n, 4)).copy()
+            return rp, rr, np.zeros((n, 3), dt), np.zeros((n, 3), dt)
+        o, v = self._free.q_offset, self._free.qd_offset
+        quat = R.quat_normalize(q[:, o + 3 : o + 7])
+        w = qd[:, v + 3 : v + 6]
+        v_com = qd[:, v : v + 3] + np.cross(w, R.quat_rotate(quat, self._root_com.astype(dt)))
+        return (
+            np.ascontiguousarray(q[:, o : o + 3]),
+            np.ascontiguousarray(quat[:, [1, 2, 3, 0]]),
+            np.ascontiguousarray(v_com),
+            np.ascontiguousarray(w),
+        )
+
+    def unpack(
+        self,
+        root_positions,
+        root_rotations_xyzw,
+        root_linear_velocities,
+        root_angular_velocities,
+        joint_positions,
+        joint_velocities,
+        *,
+        fps: float,
+        metadata=None,
+    ):
+        """PhysX root state ``[frames, 3/4/3/3]`` and DOF state ``[frames, dofs]`` (this adapter's DOF
+        order) -> ``ArticulationMotion`` at ``fps``."""
+        from ..animation.motion import ArticulationMotion
+
+        q, qd = self.unpack_arrays(
+            root_positions,
+            root_rotations_xyzw,
+            root_linear_velocities,
+            root_angular_velocities,
+            joint_positions,
+            joint_velocities,
+        )
+        return ArticulationMotion(
+            q, qd, fps, self.layout.model_signature, joint_names=self.layout.joint_names, metadata=metadata
+        )
+
+    def unpack_arrays(
+        self,
+        root_positions,
+        root_rotations_xyzw,
+        root_linear_velocities,
+        root_angular_velocities,
+        joint_positions,
+        joint_velocities,
+    ):
+        """Canonical ``(q, qd)`` arrays from PhysX state (same dtype as the input)."""
+        arrs = [
+            np.asarray(a)
+            for a in (
+                root_positions,
+                root_rotations_xyzw,
+                root_linear_velocities,
+                root_angular_velocities,
+                joint_positions,
+                joint_velocities,
+            )
+        ]
+        dt = C.float_dtype(*arrs)
+        rp, rr, rv, rw, jp, jv = [np.atleast_2d(a).astype(dt, copy=False) for a in arrs]
+        src = self.layout.source
+        for name, a, w in (
+            ("root_positions", rp, 3),
+            ("root_rotations_xyzw", rr, 4),
+            ("root_linear_velocities", rv, 3),
+            ("root_angular_velocities", rw, 3),
+            ("joint_positions", jp, self.num_dofs),
+            ("joint_velocities", jv, self.num_dofs),
+        ):
+            C.check_2d(name, a, w, source=src)
+        n = jp.shape[0]
+        lay = self.layout
+        q = np.tile(lay.neutral(dtype=dt), (n, 1))
+        qd = np.zeros((n, lay.nv), dtype=dt)
+        if self._free is not None:
+            o, v = self._free.q_offset, self._free.qd_offset
+            quat = R.quat_normalize(rr[:, [3, 0, 1, 2]])
+            q[:, o : o + 3] = rp
+            q[:, o + 3 : o + 7] = quat
+            qd[:, v + 3 : v + 6] = rw
+            qd[:, v : v + 3] = rv - np.cross(rw, R.quat_rotate(quat, self._root_com.astype(dt)))
+        d, iq, iv, ref = self._sc
+        if d.size:
+            q[:, iq] = jp[:, d] + ref.astype(dt)
+            qd[:, iv] = jv[:, d]
+        d, iq, iv = self._ball
+        if d.size:
+            quat = R.quat_from_rotvec(jp[:, d])
+            q[:, iq] = quat
+            qd[:, iv] = R.quat_rotate(quat, jv[:, d])
+        for h in self._hinge3:
+            rot_joint = R.quat_from_rotvec(jp[:, h["dof"]])
+            angles = R.quat_to_euler(rot_joint, "xyz", extrinsic=False)
+            q[:, h["q"]] = angles + h["ref"].astype(dt)
+            w_parent = R.quat_rotate(rot_joint, jv[:, h["dof"]])
+            qd[:, h["v"]] = _w_to_euler_xyz_rates(angles, w_parent)
+        return q, qd
+
+    # -- MotionLibrary protocol ------------------------------------------------------------------
+    def prepare_motion(self, motion, *, skeleton_motion=None) -> dict:
+        """Per-frame PhysX arrays for one clip: ``root_positions``, ``root_rotations_xyzw``,
+        ``root_linear_velocities``, ``root_angular_velocities``, ``joint_positions``, ``joint_velocities``.
+        A ``SkeletonMotion`` is mapped onto the layout first."""
+        am = C.as_articulation_motion(self.layout, motion, skeleton_motion=skeleton_motion)
+        buf = self.pack(am)
+        return {k: getattr(buf, k) for k in _FIELDS}
+
+    def pack_sample(self, frames0: dict, frames1: dict, blend, *, root_offset=None) -> PhysXBuffers:
+        """Blend gathered frames (torch ``[n, ...]``): positions lerp, the root quaternion and every
+        spherical DOF triple slerp (through quaternions, shortest path), velocities lerp;
+        ``root_offset [n, 3]`` is added to the root position."""
+        out = {}
+        rp = C.blend_frames(frames0["root_positions"], frames1["root_positions"], blend)
+        if root_offset is not None:
+            rp = rp + root_offset.to(rp.dtype)
+        out["root_positions"] = rp
+        out["root_rotations_xyzw"] = C.blend_frames(
+            frames0["root_rotations_xyzw"],
+            frames1["root_rotations_xyzw"],
+            blend,
+            np.array([[0, 1, 2, 3]]),
+            scalar_first=False,
+        )
+        for k in ("root_linear_velocities", "root_angular_velocities", "joint_velocities"):
+            out[k] = C.blend_frames(frames0[k], frames1[k], blend)
+        jp0, jp1 = frames0["joint_positions"], frames1["joint_positions"]
+        jp = C.blend_frames(jp0, jp1, blend)
+        if self._exp_cols.size:
+            cols = C.torch_index(self._exp_cols.reshape(-1), jp)
+            k = self._exp_cols.shape[0]
+            qa = R.quat_from_rotvec(jp0[:, cols].reshape(-1, k, 3))
+            qb = R.quat_from_rotvec(jp1[:, cols].reshape(-1, k, 3))
+            t = blend.to(jp.dtype).reshape(-1, 1)
+            jp[:, cols] = R.quat_to_rotvec(R.quat_slerp(qa, qb, t)).reshape(-1, k * 3)
+        out["joint_positions"] = jp
+        return PhysXBuffers(**out)
+
+    # -- articulation check ------------------------------------------------------------------------
+    def validate_articulation(self, articulation) -> PhysXArticulationMatch:
+        """Check a live articulation or view against the layout and this adapter's DOF order.
+
+        Reads ``articulation.dof_names`` (required) and, when present, ``body_names``/``link_names``,
+        ``dof_count`` and ``is_fixed_base``; never assumes an order. Raises
+        :class:`~kangengine.errors.LayoutMismatch` listing every mismatch (missing, extra or misplaced DOFs,
+        DOF counts, links, fixed versus floating base).
+        """
+        names = [str(n) for n in articulation.dof_names]
+        problems: list[str] = []
+        if len(names) != self.num_dofs:
+            problems.append(f"articulation has {len(names)} DOFs; the layout gives PhysX {self.num_dofs}")
+        count = getattr(articulation, "dof_count", None)
+        if isinstance(count, int | np.integer) and count != len(names):
+            problems.append(f"articulation reports dof_count={count} but {len(names)} DOF names")
+        pos = {n: i for i, n in enumerate(names)}
+        used: set[str] = set()
+        joint_of_dof = []
+        for g, s in zip(self._groups, self._start):
+            got = _dof_names_for(g, names)
+            label = "+".join(self.layout.blocks[i].joint_name for i in g.blocks)
+            joint_of_dof += [label] * g.ndof
+            if not got:
+                problems.append(
+                    f"{g.kind} joint of body {g.body_name!r} ({label}): no DOF named "
+                    f"{' or '.join(repr(x) for x in _default_dof_names(g)[:1])} in the articulation"
+                )
+                continue
+            used.update(got)
+            where = [pos[n] for n in got]
+            if len(got) != g.ndof:
+                problems.append(
+                    f"body {g.body_name!r}: {len(got)} DOFs in the articulation ({', '.join(got)}); "
+                    f"expected {g.ndof} ({g.kind})"
+                )
+            elif where != list(range(s, s + g.ndof)):
+                problems.append(
+                    f"body {g.body_name!r}: DOFs {', '.join(got)} are articulation columns {where}; this "
+                    f"adapter packs them at {list(range(s, s + g.ndof))} (pass articulation= to follow "
+                    "its order)"
+                )
+        extra = [n for n in names if n not in used]
+        if extra:
+            problems.append(f"articulation DOFs that the layout lacks: {', '.join(repr(n) for n in extra)}")
+        links = getattr(articulation, "body_names", None) or getattr(articulation, "link_names", None)
+        if links:
+            links = [str(x).rsplit("/", 1)[-1] for x in links]
+            missing = [b for b in self.layout.body_names if b not in links]
+            unknown = [b for b in links if b not in self.layout.body_names]
+            if missing:
+                problems.append(f"links missing from the articulation: {', '.join(repr(b) for b in missing)}")
+            if unknown:
+                problems.append(f"articulation links that the layout lacks: {', '.join(repr(b) for b in unknown)}")
+            if links and links[0] != self.layout.body_names[0]:
+                problems.append(
+                    f"articulation root link is {links[0]!r}; the layout's root is {self.layout.body_names[0]!r}"
+                )
+        fixed = getattr(articulation, "is_fixed_base", None)
+        if isinstance(fixed, bool | np.bool_) and bool(fixed) == (self._free is not None):
+            problems.append(
+                f"articulation is {'fixed' if fixed else 'floating'}-base; the layout "
+                f"{'has' if self._free is not None else 'has no'} free root"
+            )
+        if problems:
+            raise LayoutMismatch(C.format_mismatches("PhysX articulation", problems), path=self.layout.source)
+        return PhysXArticulationMatch(dof_names=tuple(names), joint_of_dof=tuple(joint_of_dof))
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+_FIELDS = (
+    "root_positions",
+    "root_rotations_xyzw",
+    "root_linear_velocities",
+    "root_angular_velocities",
+    "joint_positions",
+    "joint_velocities",
+)
+
+
+class _Names:
+    def __init__(self, dof_names):
+        self.dof_names = list(dof_names)
+
+
+def _cat(parts):
+    if type(parts[0]).__module__.startswith("torch"):
+        import torch
+
+        return torch.cat(parts, dim=-1)
+    return np.concatenate(parts, axis=-1)
+
+
+def _groups(layout):
+    """One group per body with DOFs, bodies in breadth-first order (siblings in layout order)."""
+    parents = layout.parent_indices
+    order = sorted(range(len(parents)), key=lambda b: (_depth(parents, b), _bfs_key(parents, b)))
+    groups, unsupported = [], []
+    for body in order:
+        idx = [
+            i
+            for i, b in enumerate(layout.blocks)
+            if b.body_index == body and b.joint_type not in (JointType.FIXED, JointType.FREE)
+        ]
+        if not idx:
+            continue
+        types = [layout.blocks[i].joint_type for i in idx]
+        name = layout.body_names[body]
+        jn = tuple(layout.blocks[i].joint_name for i in idx)
+        if len(idx) == 1 and types[0] in (JointType.HINGE, JointType.SLIDE):
+            groups.append(_Group(types[0].value, body, name, tuple(idx), jn, 1))
+        elif len(idx) == 1 and types[0] is JointType.BALL:
+            groups.append(_Group("ball", body, name, tuple(idx), jn, 3))
+        elif len(idx) == 3 and all(t is JointType.HINGE for t in types):
+            axes = np.array([layout.blocks[i].axis for i in idx], dtype=np.float64)
+            anchors = np.array([layout.blocks[i].anchor for i in idx], dtype=np.float64)
+            if not np.allclose(axes @ axes.T, np.eye(3), atol=1e-6) or np.linalg.det(axes) < 0:
+                unsupported.append(f"{name!r} (hinges {', '.join(jn)}: axes not orthonormal and right-handed)")
+            elif not np.allclose(anchors, anchors[0], atol=1e-9):
+                unsupported.append(f"{name!r} (hinges {', '.join(jn)}: different anchors)")
+            else:
+                groups.append(_Group("hinge3", body, name, tuple(idx), (name, "_".join(jn), jn[0]), 3))
+        else:
+            unsupported.append(f"{name!r} ({', '.join(f'{n} {t.value}' for n, t in zip(jn, types))})")
+    return groups, unsupported
+
+
+def _depth(parents, b) -> int:
+    d = 0
+    while parents[b] >= 0:
+        b = parents[b]
+        d += 1
+    return d
+
+
+def _bfs_key(parents, b) -> tuple:
+    path = []
+    while b >= 0:
+        path.append(b)
+        b = parents[b]
+    return tuple(reversed(path))
+
+
+def _default_dof_names(g: _Group) -> list[str]:
+    if g.ndof == 1:
+        return [g.names[0]]
+    return [f"{g.names[0]}:{k}" for k in range(g.ndof)]
+
+
+def _dof_names_for(g: _Group, names) -> list[str]:
+    """The articulation DOF names of group ``g`` (first candidate joint name that is present)."""
+    have = set(names)
+    for base in g.names:
+        if g.ndof == 1 and base in have:
+            return [base]
+        cand = [f"{base}:{k}" for k in range(g.ndof)]
+        if any(c in have for c in cand):
+            return [c for c in cand if c in have]
+    return []
+
+
+def _euler_xyz_rates_to_w(angles, rates):
+    """Angular velocity (parent joint frame) of ``R = Rx(a0) Ry(a1) Rz(a2)`` from the angle rates."""
+    a0, a1 = angles[:, 0], angles[:, 1]
+    c0, s0, c1, s1 = np.cos(a0), np.sin(a0), np.cos(a1), np.sin(a1)
+    r0, r1, r2 = rates[:, 0], rates[:, 1], rates[:, 2]
+    # columns: e_x, Rx(a0) e_y, Rx(a0) Ry(a1) e_z
+    wx = r0 + s1 * r2
+    wy = c0 * r1 - s0 * c1 * r2
+    wz = s0 * r1 + c0 * c1 * r2
+    return np.stack([wx, wy, wz], axis=-1)
+
+
+def _w_to_euler_xyz_rates(angles, w):
+    """Inverse of :func:`_euler_xyz_rates_to_w` (singular at the middle angle +-pi/2, gimbal lock)."""
+    a0, a1 = angles[:, 0], angles[:, 1]
+    c0, s0, c1, s1 = np.cos(a0), np.sin(a0), np.cos(a1), np.sin(a1)
+    wx, wy, wz = w[:, 0], w[:, 1], w[:, 2]
+    r2 = (-s0 * wy + c0 * wz) / c1
+    r1 = c0 * wy + s0 * wz
+    r0 = wx - s1 * r2
+    return np.stack([r0, r1, r2], axis=-1)
