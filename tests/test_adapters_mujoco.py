@@ -288,3 +288,53 @@ def test_pack_sample_blends_in_torch(ball_com_path):
     got = out.qpos[2].double().numpy()
     for cols in quat_cols:
         assert abs(abs(float(got[cols] @ want[cols])) - 1) < 1e-6
+
+
+def test_prepare_motion_maps_a_skeleton_motion():
+    """A SkeletonMotion goes through ArticulationMotionMapper: its frames equal those of the mapped motion."""
+    from kangengine.animation.mapper import ArticulationMotionMapper
+
+    _, layout = _load(data_file("mjcf/unitree/g1_29dof.nomesh.xml"))
+    rng = np.random.default_rng(11)
+    q, _ = random_state(layout, 12, rng)
+    q[:, 7:] = np.clip(q[:, 7:], layout.dof_lower[6:] + 1e-3, layout.dof_upper[6:] - 1e-3)
+    q[:, 3:7] = R.quat_hemisphere_continuity(q[:, 3:7])
+    mapper = ArticulationMotionMapper(layout)
+    motion = ArticulationMotion(q, np.zeros((12, layout.nv)), 30.0, layout.model_signature)
+    skeleton_motion = mapper.to_skeleton_motion(motion)
+    mapped = mapper.to_articulation_motion(skeleton_motion).motion
+    adapter = MuJoCoMotionAdapter(layout)
+    frames = adapter.prepare_motion(skeleton_motion)
+    want = adapter.pack(mapped)
+    np.testing.assert_allclose(frames["qpos"], want.qpos, atol=1e-6)
+    np.testing.assert_allclose(frames["qvel"], want.qvel, atol=1e-5)
+    np.testing.assert_allclose(layout.difference(frames["qpos"].astype(np.float64), q)[:, 6:], 0, atol=1e-4)
+    # the library hands the canonical skeleton motion alongside anything else
+    frames2 = adapter.prepare_motion(object(), skeleton_motion=skeleton_motion)
+    np.testing.assert_array_equal(frames2["qpos"], frames["qpos"])
+    with pytest.raises(ShapeError, match="ArticulationMotion or a SkeletonMotion"):
+        adapter.prepare_motion(object())
+
+
+def test_motion_library_backend_state():
+    """Inside MotionLibrary: stored frames come back as the packed rows; in-between times as the packed
+    geodesic interpolation (slerp of quaternions, lerp of the rest)."""
+    torch = pytest.importorskip("torch")
+    library = pytest.importorskip("kangengine.animation.library")
+    _, layout = _load(data_file("mjcf/unitree/g1_29dof.nomesh.xml"))
+    rng = np.random.default_rng(12)
+    q, qd = random_state(layout, 10, rng)
+    q[:, 7:] = np.clip(q[:, 7:], layout.dof_lower[6:] + 1e-3, layout.dof_upper[6:] - 1e-3)
+    q[:, 3:7] = R.quat_hemisphere_continuity(q[:, 3:7])
+    motion = ArticulationMotion(q, qd, 10.0, layout.model_signature)
+    adapter = MuJoCoMotionAdapter(layout)
+    lib = library.MotionLibrary(motions=[motion], adapter=adapter, device="cpu")
+    packed = adapter.pack(motion)
+    exact = lib.sample_frames([0, 0, 0], [0, 4, 9])
+    np.testing.assert_allclose(exact.backend_state.qpos.numpy(), packed.qpos[[0, 4, 9]], atol=1e-6)
+    np.testing.assert_allclose(exact.backend_state.qvel.numpy(), packed.qvel[[0, 4, 9]], atol=1e-6)
+    mid = lib.sample(motion_ids=[0], times=[0.25], loop=False).backend_state
+    want = adapter.pack_arrays(layout.interpolate(q[2], q[3], 0.5)[None], qd[2:3]).qpos[0]
+    got = mid.qpos[0].double().numpy()
+    np.testing.assert_allclose(layout.difference(got, want), 0, atol=1e-5)
+    assert isinstance(mid.qpos, torch.Tensor)
