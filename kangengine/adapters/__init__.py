@@ -10,9 +10,12 @@ import importlib
 
 from .base import MotionAdapter, require
 
-__all__ = ["MotionAdapter", "require", "mujoco", "newton", "physx"]
+__all__ = ["MotionAdapter", "require", "mujoco", "newton", "physx",
+           "MuJoCoMotionAdapter", "NewtonMotionAdapter", "PhysXMotionAdapter"]
 
 _LAZY = {"mujoco", "newton", "physx"}
+# adapter classes, importable as ke.adapters.<Name> (their modules never import the engines themselves)
+_CLASSES = {"MuJoCoMotionAdapter": "mujoco", "NewtonMotionAdapter": "newton", "PhysXMotionAdapter": "physx"}
 
 
 def __getattr__(name: str):
@@ -20,4 +23,8 @@ def __getattr__(name: str):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name in _CLASSES:
+        cls = getattr(importlib.import_module(f".{_CLASSES[name]}", __name__), name)
+        globals()[name] = cls
+        return cls
     raise AttributeError(f"module 'kangengine.adapters' has no attribute {name!r}")
