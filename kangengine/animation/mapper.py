@@ -330,6 +330,18 @@ class _Davenport:
         self.x3 = (_snapv(d12 * a2), _snapv(a1 - d12 * a2), _snapv(-np.cross(a2, a1)))
         self.complete = abs(d12) < 1e-9 and abs(d23) < 1e-9
         self.degenerate = self.rho < 1e-6
+        # axes +-e_i, +-e_j, +-e_k: intrinsic Euler angles of J in closed form from quaternion components
+        basis = [int(np.argmax(np.abs(a))) for a in (self.a1, self.a2, self.a3)]
+        self.euler = None
+        if self.complete and all(sum(c != 0.0 for c in a) == 1 for a in self.axes):
+            signs = tuple(float(a[i]) for a, i in zip(self.axes, basis))
+            i, j, k = basis
+            k, i = i, k  # intrinsic order: the extrinsic formulas with first and last swapped
+            symmetric = i == k
+            if symmetric:
+                k = 3 - i - j
+            perm_sign = float((i - j) * (j - k) * (k - i) // 2)
+            self.euler = (i, j, k, symmetric, perm_sign, signs)
 
 
 def _solve_hinge1(axis, comps):
@@ -374,10 +386,14 @@ def _solve_hinge2(axes, comps):
         residual = _chain_residual(J, np.array(axes), np.stack([t1, t2], axis=-1)).astype(w.dtype)
     return t1, t2, residual
 
-def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
-    """Both Davenport branches of quaternion components ``comps`` (4 arrays ``[...]``) into
-    ``theta_out [2, ..., 3]`` (angles in [-pi, pi]) and, unless every rotation is reachable,
-    ``res_out [2, ...]`` (Gauss-Newton refines frames out of reach)."""
+def _davenport_core(dv: _Davenport, comps, signs):
+    """Closed-form Davenport angles of quaternion components ``comps`` (4 arrays ``[...]``).
+
+    Returns ``(branches, alpha)``: per sign in ``signs`` (-1: ``t2 = phi - alpha``, +1: ``phi + alpha``)
+    a tuple ``(t1, t2, t3)`` (``t1``, ``t3`` in [-pi, pi], ``t2`` unwrapped), and ``alpha [...]`` in
+    [0, pi]. Near gimbal lock (``sin(alpha)`` small) ``t3`` comes from the remainder
+    ``exp(-a2 t2) exp(-a1 t1) J``, so the rotation stays exact where ``t1`` alone is ill-conditioned.
+    """
     w, x, y, z = comps
     nrm = w * w + x * x + y * y + z * z
     rot = _RotMat(w, x, y, z, 2.0 / nrm)
@@ -392,7 +408,9 @@ def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
     X1 = tuple(_dot(w3, vec) for vec in dv.x1)
     Y3 = tuple(_dot(m1, vec) for vec in dv.y3)
     X3 = tuple(_dot(m1, vec) for vec in dv.x3)
-    for br, sgn in enumerate((-1.0, 1.0)):  # branch 0: phi - alpha (the usual Euler range for xyz)
+    lock = np.flatnonzero(sa.reshape(-1) < _GIMBAL_SIN)
+    out = []
+    for sgn in signs:
         c = _sub(_mul(xc, dv.cphi), _mul(sa, sgn * dv.sphi))
         s = _add(_mul(xc, dv.sphi), _mul(sa, sgn * dv.cphi))
         proj = _add(_add(_mul(c, dv.A), _mul(s, dv.B)), dv.C)  # a1 . exp(a2 t2) a3
@@ -401,17 +419,57 @@ def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
                         _arr(_sub(_lin(*_interleave(X1, c, s)), _mul(proj, d)), w))
         t3 = np.arctan2(_arr(_lin(*_interleave(Y3, c, s)), w),
                         _arr(_sub(_lin(*_interleave(X3, c, s)), _mul(proj, d)), w))
+        if lock.size:  # t1, t3 ill-conditioned: t3 from the remainder exp(-a2 t2) exp(-a1 t1) J
+            J = np.stack([v.reshape(-1)[lock] for v in comps], axis=-1).astype(np.float64)
+            J /= np.linalg.norm(J, axis=-1, keepdims=True)
+            axes = np.array(dv.axes)
+            th = np.stack([t1.reshape(-1)[lock], t2.reshape(-1)[lock]], axis=-1).astype(np.float64)
+            K = R.quat_multiply(R.quat_conjugate(_chain_quat(axes[:2], th)), J)
+            t3.reshape(-1)[lock] = 2.0 * np.arctan2(K[:, 1:] @ axes[2], K[:, 0])
+            t3 = _wrap(t3)
+        out.append((t1, t2, t3))
+    return out, alpha
+
+
+def _euler_core(dv: _Davenport, comps):
+    """Branch 0 of a 3-hinge body with axes ``+-e_i, +-e_j, +-e_k`` (Tait-Bryan or proper Euler): the
+    intrinsic Euler angles of ``J`` by the quaternion closed form of Bernardes & Viollet (2022), times the
+    axis signs. Scale-invariant (``J`` need not be unit); exact at gimbal lock. Returns ``(t1, t2, t3)``
+    with ``t1``, ``t3`` in [-pi, pi]."""
+    i, j, k, symmetric, perm_sign, signs = dv.euler
+    w = comps[0]
+    qi, qj, qk = comps[i + 1], comps[j + 1], comps[k + 1]
+    if perm_sign < 0:
+        qk = -qk
+    if symmetric:
+        a, b, c, d = w, qi, qj, qk
+    else:
+        a, b, c, d = w - qj, qi + qk, qj + w, qk - qi
+    middle = np.arctan2(np.sqrt(c * c + d * d), np.sqrt(a * a + b * b))
+    middle *= 2.0
+    half_sum = np.arctan2(b, a)
+    half_diff = np.arctan2(d, c)
+    e3 = half_sum - half_diff
+    e1 = half_sum + half_diff
+    if not symmetric:
+        if perm_sign < 0:
+            e1 = -e1
+        middle -= 0.5 * np.pi
+    out = []
+    for sg, e in zip(signs, (e1, middle, e3)):
+        out.append(e if sg > 0 else -e)
+    return _wrap(out[0]), out[1], _wrap(out[2])
+
+
+def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
+    """Both Davenport branches of quaternion components ``comps`` (4 arrays ``[...]``) into
+    ``theta_out [2, ..., 3]`` (angles in [-pi, pi]) and, unless every rotation is reachable,
+    ``res_out [2, ...]`` (Gauss-Newton refines the frames out of reach)."""
+    branches, _ = _davenport_core(dv, comps, (-1.0, 1.0))
+    for br, (t1, t2, t3) in enumerate(branches):
         theta_out[br, ..., 0] = t1
         theta_out[br, ..., 1] = _wrap(t2)
         theta_out[br, ..., 2] = t3
-        lock = sa < _GIMBAL_SIN
-        if lock.any():  # t1, t3 ill-conditioned: take t3 from the remainder exp(-a2 t2) exp(-a1 t1) J
-            J = np.stack([w[lock], x[lock], y[lock], z[lock]], axis=-1).astype(np.float64)
-            J /= np.linalg.norm(J, axis=-1, keepdims=True)
-            axes = np.array(dv.axes)
-            th = theta_out[br][lock].astype(np.float64)
-            K = R.quat_multiply(R.quat_conjugate(_chain_quat(axes[:2], th[:, :2])), J)
-            theta_out[br, ..., 2][lock] = 2.0 * np.arctan2(K[:, 1:] @ axes[2], K[:, 0])
     if not dv.complete:
         J = np.stack(comps, axis=-1).astype(np.float64)
         J /= np.linalg.norm(J, axis=-1, keepdims=True)
@@ -423,10 +481,8 @@ def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
             if bad.any():
                 th[bad] = _chain_gauss_newton(J[bad], axes, th[bad])
                 r[bad] = _chain_residual(J[bad], axes, th[bad])
-            theta_out[br] = th
+            theta_out[br] = _wrap(th)
             res_out[br] = r
-    theta_out[..., 0] = _wrap(theta_out[..., 0])
-    theta_out[..., 2] = _wrap(theta_out[..., 2])
 
 
 def _merge_parallel(axes: np.ndarray):
@@ -580,6 +636,7 @@ class ArticulationMotionMapper:
             self._groups.append(_Group(kind=kind, axes=axes, bodies=np.array(bodies, dtype=np.int64),
                                        hinge_cols=np.array(cols, dtype=np.int64), complete=complete))
         self._davenport = {g.axes: _Davenport(g.axes) for g in self._groups if g.kind == _HINGE3}
+        self._group_rest_identity = {id(g): bool(np.all(self._rest_is_identity[g.bodies])) for g in self._groups}
         self._hinge_q = np.array(hinge_q, dtype=np.int64)
         self._hinge_v = np.array(hinge_v, dtype=np.int64)
         self._hinge_ref = np.array(hinge_ref, dtype=np.float64)
@@ -590,6 +647,8 @@ class ArticulationMotionMapper:
         mid = 0.5 * (np.where(lim, self._hinge_lo, 0.0) + np.where(lim, self._hinge_hi, 0.0))
         center = np.where(self._hinge_limited, mid, self._hinge_ref)
         self._hinge_center = center
+        self._hinge_narrow = lim & (self._hinge_hi - np.where(lim, self._hinge_lo, 0.0) < _TWO_PI - 1e-9)
+        self._group_narrow = {id(g): bool(self._hinge_narrow[g.hinge_cols].any()) for g in self._groups}
         # scalar DOFs that clamping may move: hinges (solved) and held joints (slides/hinges at ref)
         self._slides = [x for x in lay.blocks if x.joint_type is JointType.SLIDE]
 
@@ -749,7 +808,9 @@ class ArticulationMotionMapper:
         if n < 2:
             return qd
         dt = 1.0 / float(fps)
-        qd[1:-1] = lay.difference(q[2:], q[:-2], 2.0 * dt)
+        for s in range(1, n - 1, _CHUNK):  # interior, in cache-sized blocks
+            e = min(s + _CHUNK, n - 1)
+            qd[s:e] = lay.difference(q[s + 1:e + 1], q[s - 1:e - 1], 2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
         return qd
@@ -779,8 +840,7 @@ class ArticulationMotionMapper:
         if self._free is not None:
             b, off = self._free
             q[:, off:off + 3] = root_translation
-            quat = R.quat_normalize(L[:, b])
-            q[:, off + 3:off + 7] = self._continuous(quat, time_axis)
+            q[:, off + 3:off + 7] = self._continuous(R.quat_normalize(L[:, b]), time_axis)
         if self._ball_bodies:
             J = self._joint_rotation(L, np.array(self._ball_bodies))  # [N, k, 4]
             J = self._continuous(R.quat_normalize(J), time_axis)
@@ -790,16 +850,8 @@ class ArticulationMotionMapper:
             idx = np.array(self._none_bodies)
             J = self._joint_rotation(L, idx)
             residual[:, idx] = _quat_angle_wxyz(J[..., 0], J[..., 1], J[..., 2], J[..., 3])
-        nh = len(self._hinge_q)
-        if nh:
-            theta = np.empty((N, nh), dtype=dt)
-            for g in self._groups:
-                th, res = self._solve_group(g, L, time_axis)
-                theta[:, g.hinge_cols.reshape(-1)] = th.reshape(N, -1)
-                if res is not None:
-                    residual[:, g.bodies] = res
-            hq = self._place_hinges(theta, time_axis)
-            q[:, self._hinge_q] = hq
+        if len(self._hinge_q):
+            self._solve_hinges(L, q, residual, time_axis)
         clamped = np.zeros((N, lay.nv), dtype=dt)
         if clamp:
             self._clamp(q, clamped, residual, L)
@@ -820,44 +872,145 @@ class ArticulationMotionMapper:
         first = np.where(quat[:1, ..., :1] < 0, -1.0, 1.0).astype(quat.dtype)
         return R.quat_hemisphere_continuity(quat * first, axis=0)
 
-    # one group: per-frame closed forms, chunked over frames; then branch tracking over time
-    def _solve_group(self, g: _Group, L: np.ndarray, time_axis: bool):
+    def _group_comps(self, g: _Group, Lt: np.ndarray):
+        """Joint rotations of the group's bodies as 4 contiguous ``[m, k]`` arrays, from a block
+        ``Lt [4, m, B]`` of local rotations."""
+        Lg = Lt[:, :, g.bodies]
+        if not self._group_rest_identity[id(g)]:
+            r = self._rest_inv[g.bodies].T.astype(Lt.dtype)  # [4, k]
+            Lg = np.stack(_qmul_comps(tuple(r), tuple(Lg)))
+        return tuple(Lg)
+
+    def _solve_hinges(self, L: np.ndarray, q: np.ndarray, residual: np.ndarray, time_axis: bool):
+        """Hinge angles of every group into ``q``'s hinge columns (in place).
+
+        Pass 1 (frame blocks): closed forms; the joint angles (in [-pi, pi]) go to ``q``. For complete
+        3-hinge groups only branch 0 is computed: branch 1 is ``(t1 + pi, 2 phi - t2, t3 + pi)``, so the
+        straight/crossed pairing of consecutive frames reduces to ``crossed < straight`` with
+        ``straight = d1^2 + d3^2 + (alpha_t - alpha_t-1)^2`` and ``crossed = (pi - |d1|)^2 + (pi - |d3|)^2
+        + (alpha_t + alpha_t-1)^2`` (``d`` the wrapped steps of branch 0, the last term wrapped too).
+        Then per body: the parity of crossings gives the branch of each of the two tracks; the track with
+        the smaller total cost wins. Pass 2 (frame blocks): the chosen branch, unwrapping with a carry
+        across blocks, ``+ ref``; then one constant 2 pi shift per hinge into its limits.
+        """
         N = L.shape[0]
-        k, n = g.hinge_cols.shape
         dt = L.dtype
-        two = g.kind == _HINGE3
-        nbr = 2 if two else 1
-        theta = np.empty((nbr, N, k, n), dtype=dt)
-        need_res = not (g.kind == _HINGE3 and g.complete)
-        res = np.empty((nbr, N, k), dtype=dt) if need_res else None
-        rest_id = bool(np.all(self._rest_is_identity[g.bodies]))
-        rest_inv = self._rest_inv[g.bodies].astype(dt)
+        hq = self._hinge_q
+        fast = [g for g in self._groups if g.kind == _HINGE3 and g.complete]
+        slow = [g for g in self._groups if g.kind == _HINGE3 and not g.complete]
+        cross = {id(g): np.zeros((N, len(g.bodies)), dtype=bool) for g in fast}
+        dcost = {id(g): np.empty((N, len(g.bodies)), dtype=dt) for g in fast}
+        both = {id(g): (np.empty((2, N, len(g.bodies), 3), dtype=dt), np.empty((2, N, len(g.bodies)), dtype=dt))
+                for g in slow}
+        carry: dict = {}
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
-            Lg = L[s:e][:, g.bodies]  # [n, k, 4]
-            if not rest_id:
-                Lg = R.quat_multiply(rest_inv, Lg)
-            comps = np.moveaxis(Lg, -1, 0)  # [4, n, k] view
-            comps = tuple(np.ascontiguousarray(c) for c in comps)
-            if g.kind == _HINGE1:
-                t, r = _solve_hinge1(g.axes[0], comps)
-                theta[0, s:e, :, 0] = t
-                res[0, s:e] = r
-            elif g.kind == _HINGE2:
-                t1, t2, r = _solve_hinge2(g.axes, comps)
-                theta[0, s:e, :, 0] = t1
-                theta[0, s:e, :, 1] = t2
-                res[0, s:e] = r
-            elif g.kind == _HINGE3:
-                _solve_davenport(self._davenport[g.axes], comps, theta[:, s:e], None if res is None else res[:, s:e])
+            Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
+            for g in self._groups:
+                comps = self._group_comps(g, Lt)
+                qcols = hq[g.hinge_cols]
+                if g.kind == _HINGE1:
+                    t, r = _solve_hinge1(g.axes[0], comps)
+                    q[s:e, qcols[:, 0]] = t
+                    residual[s:e, g.bodies] = r
+                elif g.kind == _HINGE2:
+                    t1, t2, r = _solve_hinge2(g.axes, comps)
+                    q[s:e, qcols[:, 0]] = t1
+                    q[s:e, qcols[:, 1]] = t2
+                    residual[s:e, g.bodies] = r
+                elif g.kind == _CHAIN:
+                    k, n = g.hinge_cols.shape
+                    Jn = R.quat_normalize(np.stack(comps, axis=-1).astype(np.float64)).reshape(-1, 4)
+                    th, r = _solve_chain(Jn, np.array(g.axes, dtype=np.float64))
+                    q[s:e, qcols.reshape(-1)] = th.reshape(e - s, k * n)
+                    residual[s:e, g.bodies] = r.reshape(e - s, k)
+                elif g.complete:
+                    self._fast_block(g, comps, q, s, e, cross[id(g)], dcost[id(g)], carry, time_axis)
+                else:
+                    th, res = both[id(g)]
+                    _solve_davenport(self._davenport[g.axes], comps, th[:, s:e], res[:, s:e])
+        # branch decisions
+        use_b1 = {}
+        for g in fast:
+            dc = dcost[id(g)]
+            if time_axis and N > 1:
+                parity = np.logical_xor.accumulate(cross[id(g)], axis=0)
+                diff = dc.sum(axis=0, dtype=np.float64) - 2.0 * np.where(parity, dc, 0).sum(axis=0, dtype=np.float64)
+                use_b1[id(g)] = parity ^ (diff < 0)[None, :]  # track 1 cheaper: take the other branch
             else:
-                Jn = R.quat_normalize(np.stack(comps, axis=-1).astype(np.float64)).reshape(-1, 4)
-                th, r = _solve_chain(Jn, np.array(g.axes, dtype=np.float64))
-                theta[0, s:e] = th.reshape(e - s, k, n)
-                res[0, s:e] = r.reshape(e - s, k)
-        if not two:
-            return theta[0], None if res is None else res[0]
-        return self._pick_branch(g, theta, res, time_axis)
+                use_b1[id(g)] = dc < 0
+        for g in slow:
+            th, res = both[id(g)]
+            t, r = self._pick_branch(g, th, res, time_axis)
+            q[:, hq[g.hinge_cols].reshape(-1)] = t.reshape(N, -1)
+            residual[:, g.bodies] = r
+        self._place_hinges(q, fast, use_b1, time_axis)
+
+    def _fast_block(self, g, comps, q, s, e, cross, dcost, carry, time_axis):
+        """Branch 0 of a complete 3-hinge group for frames ``s:e`` into ``q``, the cost difference of the
+        two branches into ``dcost`` and the crossing flags into ``cross`` (with a carry across blocks)."""
+        dv = self._davenport[g.axes]
+        if dv.euler is not None:
+            t1, t2, t3 = _euler_core(dv, comps)
+            alpha = None  # |t2 - phi|: branch 0 keeps t2 on one side of phi; computed when needed
+        else:
+            ((t1, t2, t3),), alpha = _davenport_core(dv, comps, (-1.0,))
+            t2 = _wrap(t2)
+        qcols = self._hinge_q[g.hinge_cols]
+        q[s:e, qcols[:, 0]] = t1
+        q[s:e, qcols[:, 1]] = t2
+        q[s:e, qcols[:, 2]] = t3
+        cols = g.hinge_cols
+        t2b = _wrap(2.0 * dv.phi - t2)  # branch 1: (t1 - pi sign(t1), 2 phi - t2, t3 - pi sign(t3))
+        if self._group_narrow[id(g)]:
+            c0 = self._angle_cost(cols[:, 0], t1) + self._angle_cost(cols[:, 1], t2) + self._angle_cost(cols[:, 2], t3)
+            c1 = self._angle_cost(cols[:, 0], t1 - np.copysign(np.pi, t1)) + self._angle_cost(cols[:, 1], t2b)
+            c1 += self._angle_cost(cols[:, 2], t3 - np.copysign(np.pi, t3))
+            dcost[s:e] = c1 - c0
+        else:  # limits never bind: cost = w * (sum of |angles|), |t - pi sign(t)| = pi - |t|
+            dc = np.abs(t1)
+            dc += np.abs(t3)
+            dc *= -2.0
+            dc += np.abs(t2b)
+            dc -= np.abs(t2)
+            dc += _TWO_PI
+            dc *= _COST_ANGLE_WEIGHT
+            dcost[s:e] = dc
+        if not time_axis:
+            return
+        prev = carry.get(id(g))
+        # pairing: crossed < straight  <=>  |d1| + |d3| > pi + (ga^2 - da^2) / (2 pi), which needs
+        # |d1| + |d3| > pi / 2 at least (ga^2 - da^2 >= -pi^2): most blocks skip the rest
+        d13 = _abs_wrapped(_step(t1, None if prev is None else prev[0]))
+        d13 += _abs_wrapped(_step(t3, None if prev is None else prev[2]))
+        if prev is None:
+            d13[0] = 0.0
+        if (d13 > 0.5 * np.pi).any():
+            if alpha is None:
+                alpha = np.abs(_wrap(t2 - dv.phi))
+            da = _step(alpha, None if prev is None else prev[1])
+            ga = 2.0 * alpha - da  # alpha_t + alpha_t-1, wrapped below
+            ga = np.minimum(ga, _TWO_PI - ga)
+            rhs = ga * ga
+            rhs -= da * da
+            rhs *= 0.5 / np.pi
+            rhs += np.pi
+            cross[s:e] = d13 > rhs
+        a_last = alpha[-1].copy() if alpha is not None else np.abs(_wrap(t2[-1] - dv.phi))
+        carry[id(g)] = (t1[-1].copy(), a_last, t3[-1].copy())
+
+    def _angle_cost(self, cols, theta):
+        """Branch cost ``[m, k]`` of one hinge per body: limit violation (the best 2 pi shift) plus a small
+        weight on the angle's size; ``cols [k]`` hinge-table columns, ``theta [m, k]`` in [-pi, pi]."""
+        cost = _COST_ANGLE_WEIGHT * np.abs(theta)
+        if self._hinge_narrow[cols].any():
+            ref, c = self._hinge_ref[cols], self._hinge_center[cols]
+            qv = theta + ref.astype(theta.dtype)
+            qv = qv - _TWO_PI * np.rint((qv - c) / _TWO_PI)
+            lo, hi = self._hinge_lo[cols], self._hinge_hi[cols]
+            viol = np.maximum(lo - qv, 0.0) + np.maximum(qv - hi, 0.0)
+            cost = cost + viol.astype(theta.dtype)
+        return cost
 
     def _branch_cost(self, g: _Group, theta):
         """``[..., k]`` cost of angles ``theta [..., k, 3]``: limit violation (after the best 2 pi shift),
@@ -898,39 +1051,77 @@ class ArticulationMotionMapper:
         r = None if res is None else np.where(use, res[1], res[0])
         return th, r
 
-    def _place_hinges(self, theta, time_axis: bool):
-        """Joint angles ``theta [N, nh]`` in [-pi, pi] -> hinge ``q``: unwrapped over time and shifted by
-        multiples of 2 pi into the limits (motions), or within pi of the limits' middle (states)."""
-        ref, c = self._hinge_ref.astype(theta.dtype), self._hinge_center
-        if not time_axis:
-            qv = theta + ref
-            return (c + _wrap(qv - c)).astype(theta.dtype)
-        N = theta.shape[0]
-        if N > 1:
-            jumps = np.rint(np.diff(theta, axis=0) / _TWO_PI)
-            turns = np.zeros_like(theta)
-            np.cumsum(-jumps, axis=0, out=turns[1:])
-            theta = theta + _TWO_PI * turns
-        qv = theta + ref
-        # unlimited: frame 0 within pi of ref; limited: the shift with the least total violation
-        shift = -np.rint((qv[0] - c) / _TWO_PI)
+    def _place_hinges(self, q: np.ndarray, fast, use_b1: dict, time_axis: bool):
+        """Joint angles in ``q``'s hinge columns (in [-pi, pi]) -> hinge ``q`` (in place): the chosen
+        branch of complete 3-hinge groups, then (motions) unwrapped over time and shifted by one multiple
+        of 2 pi per hinge, the one that puts the whole series inside the limits or, failing that, overshoots
+        them least (unlimited hinges: frame 0 within pi of ``ref``); (states) within pi of the limits'
+        middle (unlimited: of ``ref``)."""
+        N = q.shape[0]
+        hq = self._hinge_q
+        dt = q.dtype
+        ref = self._hinge_ref.astype(dt)
+        center = self._hinge_center
+        nh = len(hq)
+        prev_raw = prev_turns = None
+        first = None
+        qmin = np.full(nh, np.inf)
+        qmax = np.full(nh, -np.inf)
+        for s in range(0, N, _CHUNK):
+            e = min(s + _CHUNK, N)
+            T = q[s:e][:, hq]
+            for g in fast:
+                sel = use_b1[id(g)][s:e]
+                if not sel.any():
+                    continue
+                cols = g.hinge_cols
+                dv = self._davenport[g.axes]
+                for i in (0, 2):
+                    t = T[:, cols[:, i]]
+                    T[:, cols[:, i]] = np.where(sel, t - np.copysign(np.pi, t), t)
+                t = T[:, cols[:, 1]]
+                T[:, cols[:, 1]] = np.where(sel, _wrap(2.0 * dv.phi - t), t)
+            if not time_axis:
+                qv = T + ref
+                q[s:e, hq] = qv - _TWO_PI * np.rint((qv - center) / _TWO_PI)
+                continue
+            jumps = _step(T, prev_raw)
+            jumps *= 1.0 / _TWO_PI
+            np.rint(jumps, out=jumps)
+            if prev_turns is None:
+                prev_turns = np.zeros(nh, dtype=dt)
+            qv = T + (ref - _TWO_PI * prev_turns)
+            cols = np.flatnonzero(jumps.any(axis=0))
+            if cols.size:  # a wrap inside the block: count the turns of those columns
+                turns = np.cumsum(jumps[:, cols], axis=0)
+                qv[:, cols] -= _TWO_PI * turns
+                prev_turns[cols] += turns[-1]
+            prev_raw = T[-1].copy()
+            if first is None:
+                first = qv[0].astype(np.float64)
+            qmin = np.minimum(qmin, qv.min(axis=0))
+            qmax = np.maximum(qmax, qv.max(axis=0))
+            q[s:e, hq] = qv
+        if not time_axis or N == 0:
+            return
+        shift = -np.rint((first - center) / _TWO_PI)
         lim = self._hinge_limited
         if lim.any():
-            ql = qv[:, lim]
             lo, hi = self._hinge_lo[lim], self._hinge_hi[lim]
-            k0 = np.rint((c[lim] - ql.mean(axis=0)) / _TWO_PI)
-            best, best_v = k0, None
-            for dk in (0.0, -1.0, 1.0):
-                qs = ql + _TWO_PI * (k0 + dk)
-                v = (np.maximum(lo - qs, 0.0) + np.maximum(qs - hi, 0.0)).sum(axis=0)
-                if best_v is None:
-                    best_v = v
-                else:
-                    take = v < best_v - 1e-9
-                    best = np.where(take, k0 + dk, best)
-                    best_v = np.where(take, v, best_v)
+            mn, mx = qmin[lim], qmax[lim]
+            k0 = np.rint((center[lim] - 0.5 * (mn + mx)) / _TWO_PI)
+            best = k0
+            best_v = np.maximum(lo - (mn + _TWO_PI * k0), 0.0) + np.maximum(mx + _TWO_PI * k0 - hi, 0.0)
+            for dk in (-1.0, 1.0):
+                k = k0 + dk
+                v = np.maximum(lo - (mn + _TWO_PI * k), 0.0) + np.maximum(mx + _TWO_PI * k - hi, 0.0)
+                take = v < best_v - 1e-9
+                best = np.where(take, k, best)
+                best_v = np.where(take, v, best_v)
             shift[lim] = best
-        return (qv + _TWO_PI * shift).astype(theta.dtype)
+        moved = np.flatnonzero(shift != 0)
+        if moved.size:
+            q[:, hq[moved]] += (_TWO_PI * shift[moved]).astype(dt)
 
     def _clamp(self, q, clamped, residual, L):
         lay = self.layout
@@ -965,3 +1156,27 @@ class ArticulationMotionMapper:
 def _interleave(P, c, s):
     """(p0, p1, p2) with (c, s) -> args of _lin: p0 + c p1 + s p2."""
     return P[0], c, P[1], s, P[2]
+
+
+def _step(x, prev):
+    """``x[t] - x[t-1]`` along axis 0, with ``prev`` the frame before the block (0 at the very start)."""
+    d = np.empty_like(x)
+    d[0] = 0.0 if prev is None else x[0] - prev
+    np.subtract(x[1:], x[:-1], out=d[1:])
+    return d
+
+
+def _qmul_comps(a, b):
+    """Hamilton product of component tuples ``(w, x, y, z)`` (arrays broadcasting against each other)."""
+    aw, ax, ay, az = a
+    bw, bx, by, bz = b
+    return (aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw)
+
+
+def _abs_wrapped(x):
+    """``|wrap(x)|`` for ``x`` in [-2 pi, 2 pi] (differences of angles in [-pi, pi])."""
+    a = np.abs(x)
+    return np.minimum(a, _TWO_PI - a, out=a)
