@@ -1,6 +1,7 @@
 """Skeletons, coordinate layouts, articulation motion and the shared forward kinematics."""
 
 from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinematics
+from .mapper import ArticulationMotionMapper, CoordinatesResult, MappingResult, SkeletonOffsetWarning
 from .motion import ArticulationMotion, load_articulation_motion_npz, save_articulation_motion_npz
 from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 
@@ -14,4 +15,5 @@ __all__ = [
     "SkeletonTree",
     "SkeletonState",
     "SkeletonMotion",
+    "ArticulationMotionMapper", "MappingResult", "CoordinatesResult", "SkeletonOffsetWarning",
 ]
