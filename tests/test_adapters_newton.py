@@ -220,3 +220,24 @@ def test_missing_newton_names_the_extra(monkeypatch):
     )
     assert out.returncode == 0, out.stderr
     assert "(1, 36)" in out.stdout
+
+
+def test_g1_urdf_through_newtons_urdf_importer():
+    path = data_file("urdf/unitree/g1_29dof.nomesh.urdf")
+    layout = ArticulationCoordinateLayout.from_data(data=ke.asset.URDFLoader.load(path), free_root=True)
+    builder = newton.ModelBuilder()
+    builder.add_urdf(str(path), floating=True, collapse_fixed_joints=False)
+    model = builder.finalize(device="cpu")
+    adapter = NewtonMotionAdapter(layout, model=model)  # validated on construction
+    q, qd = random_state(layout, 3, np.random.default_rng(13))
+    qd *= 0.5
+    buf = adapter.pack_arrays(q, qd)
+    body_q, body_qd = newton_fk(model, buf.joint_q, buf.joint_qd)
+    names = _body_names(model)
+    ids = [names.index(n) for n in layout.body_names]
+    pos, quat = forward_kinematics(layout, q)
+    np.testing.assert_allclose(body_q[:, ids, :3], pos, atol=2e-5)
+    np.testing.assert_allclose(np.abs(np.sum(body_q[:, ids][..., [6, 3, 4, 5]] * quat, axis=-1)), 1.0, atol=2e-6)
+    _, v_com, w = fd_body_velocities(layout, q, qd, layout.body_coms)
+    np.testing.assert_allclose(body_qd[:, ids, 3:], w, atol=1e-4)
+    np.testing.assert_allclose(body_qd[:, ids, :3], v_com, atol=1e-4)
