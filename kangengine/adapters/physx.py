@@ -385,7 +385,7 @@ class PhysXMotionAdapter:
             qa = R.quat_from_rotvec(jp0[:, cols].reshape(-1, k, 3))
             qb = R.quat_from_rotvec(jp1[:, cols].reshape(-1, k, 3))
             t = blend.to(jp.dtype).reshape(-1, 1)
-            jp[:, cols] = R.quat_to_rotvec(R.quat_slerp(qa, qb, t)).reshape(-1, k * 3)
+            jp[:, cols] = R.quat_to_rotvec(C.slerp_torch(qa, qb, t.reshape(-1, 1, 1))).reshape(-1, k * 3)
         out["joint_positions"] = jp
         return PhysXBuffers(**out)
 
