@@ -10,8 +10,16 @@ import importlib
 
 from .base import MotionAdapter, require
 
-__all__ = ["MotionAdapter", "require", "mujoco", "newton", "physx",
-           "MuJoCoMotionAdapter", "NewtonMotionAdapter", "PhysXMotionAdapter"]
+__all__ = [
+    "MotionAdapter",
+    "require",
+    "mujoco",
+    "newton",
+    "physx",
+    "MuJoCoMotionAdapter",
+    "NewtonMotionAdapter",
+    "PhysXMotionAdapter",
+]
 
 _LAZY = {"mujoco", "newton", "physx"}
 # adapter classes, importable as ke.adapters.<Name> (their modules never import the engines themselves)
