@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_WALK_BVH"]
+__all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_WALK_BVH", "CMU_WALK_FBX"]
 
 _DATA = Path(__file__).resolve().parent / "data"
 
@@ -22,3 +22,4 @@ def data_path(name: str) -> Path:
 
 CMU_HUMANOID_MJCF = "humanoid_CMU.xml"
 CMU_WALK_BVH = "cmu_02_01_walk.bvh"
+CMU_WALK_FBX = "cmu_07_01_walk.fbx"
