@@ -289,3 +289,13 @@ def test_bad_fbx_files(tmp_path):
         load_fbx(data_file(CMU), up_axis="x")
     with pytest.raises(FormatError, match="scale"):
         load_fbx(data_file(CMU), scale=-1)
+
+
+def test_fbx_to_bvh_round_trip(tmp_path):
+    m = load_fbx(data_file(CMU), scale=ke.io.BVH_LENGTH_UNITS["cmu"], dtype=np.float64)
+    assert m.local_translation is None  # the FBX keys its bones' translations, but they never move
+    out = ke.io.save_bvh(tmp_path / "07_01.bvh", m, units="cmu")
+    back = ke.io.load_bvh(out, dtype=np.float64)
+    assert back.metadata["source_units"] == "cmu" and back.tree.node_names == m.tree.node_names
+    assert back.num_frames == 317 and back.fps == pytest.approx(120.0)
+    np.testing.assert_allclose(back.global_translation, m.global_translation, atol=1e-4)
