@@ -1,6 +1,7 @@
 """Skeletons, coordinate layouts, articulation motion and the shared forward kinematics."""
 
 from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinematics
+from .library import BodyState, Interpolation, MotionLibrary, MotionSample, PackedMotionBuffers
 from .mapper import ArticulationMotionMapper, CoordinatesResult, MappingResult, SkeletonOffsetWarning
 from .motion import ArticulationMotion, load_articulation_motion_npz, save_articulation_motion_npz
 from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
@@ -16,4 +17,5 @@ __all__ = [
     "SkeletonState",
     "SkeletonMotion",
     "ArticulationMotionMapper", "MappingResult", "CoordinatesResult", "SkeletonOffsetWarning",
+    "MotionLibrary", "MotionSample", "BodyState", "PackedMotionBuffers", "Interpolation",
 ]
