@@ -608,6 +608,8 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         raise FormatError(f"up_axis {up_axis!r}; expected one of {_UP_AXES}", item="up_axis")
     metres_per_unit, unit_name = _resolve_scale(scale)
     data = _normalise(_read_bytes(path))
+    if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+        data = data[3:]
     header, fields, body, first_line = _split_file(data, path)
     nodes = _parse_hierarchy(header, path)
     layout = _Layout(nodes)
