@@ -203,6 +203,50 @@ def slerp_torch(qa, qb, t):
     return out / out.norm(dim=-1, keepdim=True)
 
 
+def slerp_rotvec_columns(x0, x1, t, cols):
+    """Geodesic blend of rotation-vector triples stored in columns of ``x0``/``x1`` ``[n, width]``.
+
+    ``cols`` is ``[k, 3]`` (the x, y, z columns of each triple). The result ``[n, k, 3]``-worth of columns is
+    ``log(slerp(exp(r0), exp(r1), t))`` (shortest path), computed component-wise on ``[n, k]`` tensors so
+    that every torch kernel runs on contiguous data. ``t``: ``[n, 1]``.
+    Returns ``(rx, ry, rz)``, each ``[n, k]``.
+    """
+    import torch
+
+    idx = [torch_index(np.ascontiguousarray(cols[:, c]), x0) for c in range(3)]
+
+    def exp(x):
+        rx, ry, rz = (x.index_select(1, i) for i in idx)
+        theta = torch.sqrt(rx * rx + ry * ry + rz * rz)
+        half = 0.5 * theta
+        small = theta < 1e-4
+        k = torch.where(small, 0.5 - theta * theta / 48.0, torch.sin(half) / torch.where(small, 1.0, theta))
+        return torch.cos(half), k * rx, k * ry, k * rz
+
+    w0, a0, b0, c0 = exp(x0)
+    w1, a1, b1, c1 = exp(x1)
+    d = w0 * w1 + a0 * a1 + b0 * b1 + c0 * c1
+    sign = torch.where(d < 0, -1.0, 1.0)
+    d = (d * sign).clamp(max=1.0)
+    sin_theta = torch.sqrt((1.0 - d * d).clamp(min=0.0))
+    theta = torch.atan2(sin_theta, d)
+    small = sin_theta < 1e-6
+    safe = torch.where(small, 1.0, sin_theta)
+    s0 = torch.where(small, 1.0 - t, torch.sin((1.0 - t) * theta) / safe)
+    s1 = torch.where(small, t, torch.sin(t * theta) / safe) * sign
+    w = s0 * w0 + s1 * w1
+    a = s0 * a0 + s1 * a1
+    b = s0 * b0 + s1 * b1
+    c = s0 * c0 + s1 * c1
+    flip = torch.where(w < 0, -1.0, 1.0)  # shortest rotation vector
+    w = w * flip
+    vn = torch.sqrt(a * a + b * b + c * c)
+    small = vn < 1e-6 * w
+    norm = torch.sqrt(w * w + vn * vn)  # slerp output is unit up to rounding; the angle uses the ratio only
+    k = torch.where(small, 2.0 / norm, 2.0 * torch.atan2(vn, w) / torch.where(small, 1.0, vn)) * flip
+    return k * a, k * b, k * c
+
+
 def quaternion_columns(layout, cmap: ColumnMap, *, offset_in_block: dict) -> np.ndarray:
     """``[k, 4]`` native column indices of every quaternion (free root and ball blocks).
 

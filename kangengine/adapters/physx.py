@@ -380,12 +380,10 @@ class PhysXMotionAdapter:
         jp0, jp1 = frames0["joint_positions"], frames1["joint_positions"]
         jp = C.blend_frames(jp0, jp1, blend)
         if self._exp_cols.size:
-            cols = C.torch_index(self._exp_cols.reshape(-1), jp)
-            k = self._exp_cols.shape[0]
-            qa = R.quat_from_rotvec(jp0[:, cols].reshape(-1, k, 3))
-            qb = R.quat_from_rotvec(jp1[:, cols].reshape(-1, k, 3))
             t = blend.to(jp.dtype).reshape(-1, 1)
-            jp[:, cols] = R.quat_to_rotvec(C.slerp_torch(qa, qb, t.reshape(-1, 1, 1))).reshape(-1, k * 3)
+            parts = C.slerp_rotvec_columns(jp0, jp1, t, self._exp_cols)
+            for c in range(3):
+                jp[:, C.torch_index(np.ascontiguousarray(self._exp_cols[:, c]), jp)] = parts[c]
         out["joint_positions"] = jp
         return PhysXBuffers(**out)
 
