@@ -338,3 +338,26 @@ def test_motion_library_backend_state():
     got = mid.qpos[0].double().numpy()
     np.testing.assert_allclose(layout.difference(got, want), 0, atol=1e-5)
     assert isinstance(mid.qpos, torch.Tensor)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_shared_blend_helpers_equal_rotations_slerp(dtype):
+    """The lean torch blends of pack_sample equal rotations.quat_slerp (quaternions and rotation vectors)."""
+    torch = pytest.importorskip("torch")
+    from kangengine.adapters import _common as C
+
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    n, k = 300, 4
+    r0 = torch.randn(n, k, 3, generator=gen, dtype=dt) * 1.2
+    r1 = r0 + torch.randn(n, k, 3, generator=gen, dtype=dt) * torch.tensor([0.0, 1e-5, 0.3, 2.0], dtype=dt)[:, None]
+    t = torch.rand(n, 1, generator=gen, dtype=dt)
+    want = R.quat_slerp(R.quat_from_rotvec(r0), R.quat_from_rotvec(r1), t)
+    got = C.slerp_torch(R.quat_from_rotvec(r0), R.quat_from_rotvec(r1), t[..., None])
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert float(R.quat_angle_between(got, want).max()) < 10 * tol
+    cols = np.arange(k * 3).reshape(k, 3)
+    parts = C.slerp_rotvec_columns(r0.reshape(n, -1), r1.reshape(n, -1), t, cols)
+    got_rv = torch.stack(parts, dim=-1)
+    assert float(R.quat_angle_between(R.quat_from_rotvec(got_rv), want).max()) < 10 * tol
+    assert float(got_rv.norm(dim=-1).max()) <= np.pi + 1e-6  # the shortest rotation vector
