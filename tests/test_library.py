@@ -6,6 +6,7 @@ Namco BVH; oracles: scipy (Slerp, chi-square, KS), poselib's own stored velociti
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
 
@@ -446,8 +447,10 @@ def test_to_device_and_out_buffers(lib):
     assert keep.rows.data_ptr() != s2.rows.data_ptr() and torch.equal(keep.rows, lib.sample(ids, t * 0.5).rows)
     with pytest.raises(ShapeError, match="out"):
         lib.sample(ids[:2], t[:2], out=s1)
-    # inputs: lists, numpy int32, torch int32, float32 times, scalar broadcast
+    # inputs: lists, numpy int32, torch int32, float32 times, scalar broadcast either way
     a = lib.sample([0, 1], [0.25, 0.25])
+    assert torch.equal(lib.sample(0, [0.1, 0.2]).rows, lib.sample([0, 0], [0.1, 0.2]).rows)
+    assert torch.equal(lib.sample_frames([0, 2], 4).rows, lib.sample_frames([0, 2], [4, 4]).rows)
     for ids_in, t_in in (
         (np.array([0, 1], np.int32), np.float32(0.25)),
         (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0.25, 0.25])),
@@ -624,6 +627,23 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, lib, amp_layout):
         assert torch.equal(lib.sample_kinematics(s0).body_positions, back.sample_kinematics(s1).body_positions)
         with pytest.raises(MotionError, match="keep_source_motions"):
             back.motion(0)
+
+
+def test_loaded_library_keeps_metadata_and_grows(tmp_path, amp):
+    import kangengine as ke
+
+    walk = ke.io.load_bvh(data_file("bvh/bandai_namco_ccbync/dataset-1_walk_normal_001.bvh"))
+    lb = MotionLibrary([walk], names=["walk"])
+    lb.save(tmp_path / "m.safetensors")
+    back = MotionLibrary.load(tmp_path / "m.safetensors")
+    assert back.clip_metadata(0) == json.loads(json.dumps(walk.metadata))
+    assert back.clip_metadata(0)["source_format"] == "bvh" and back.clip_names == ("walk",)
+    back.add_motions([walk[::2]], names=["walk_15fps"], weights=[2.0])
+    assert back.clip_names == ("walk", "walk_15fps") and back.clip_metadata(0)["source_format"] == "bvh"
+    assert back.clip_fps.tolist() == pytest.approx([walk.fps, walk.fps / 2])
+    assert torch.equal(back.sample_frames([1], [3]).rows, back.sample_frames([0], [6]).rows)
+    with pytest.raises(UnknownMotionError):
+        back.clip_metadata(2)
 
 
 def test_layout_signature_travels_with_the_file(tmp_path, amp_layout):

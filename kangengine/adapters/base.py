@@ -13,6 +13,16 @@ in two steps:
    ``blend [n]`` in ``[0, 1]`` (0 gives ``frames0``) and an optional world translation ``root_offset
    [n, 3]`` (the library's loop displacement) to add to the root position. The result, a dataclass of
    tensors on the same device, becomes ``sample.backend_state``.
+
+Details the library guarantees (``MotionLibrary``): ``prepare_motion`` receives the clip as the user gave it
+(an ``ArticulationMotion`` or a ``SkeletonMotion``; a ``SkeletonMotion`` rebuilt from the stored frames when
+a library file is loaded without the adapter's frames) and the canonical ``skeleton_motion`` (numpy). The
+arrays are stored in the library's dtype (float32 by default). At sampling time ``frames0``/``frames1``
+hold views (possibly strided) of freshly gathered rows: ``pack_sample`` must not write into them; for
+exact stored frames (``sample_frames``) both are the same dict and ``blend`` is zero; ``root_offset`` is
+``None`` when the query does not loop (``loop=False`` or ``sample_frames``). Library files keep the prepared
+arrays with the adapter's class name and reuse them when the same adapter class and layout signature load
+them.
 """
 
 from __future__ import annotations

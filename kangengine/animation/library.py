@@ -413,7 +413,8 @@ class MotionLibrary:
         self._mapper = None
         self._sources: list = []
         self._names: list[str] = []
-        self._clip_metadata: list[dict] = []
+        self._clip_metadata: list[dict] | None = []
+        self._clip_metadata_raw = None
         self._frames = self._kin = self._backend = None
         self._backend_fields: list[tuple[str, tuple[int, ...]]] | None = None
         self._const_cache: dict = {}
@@ -459,6 +460,22 @@ class MotionLibrary:
     @property
     def has_local_translations(self) -> bool:
         return self._cols.trans is not None
+
+    def clip_metadata(self, motion_id: int) -> dict:
+        """The metadata dict of clip ``motion_id`` (as registered; kept in library files)."""
+        i = int(motion_id)
+        if not 0 <= i < self.num_motions:
+            raise UnknownMotionError(
+                f"motion id {i} does not exist; ids are 0..{self.num_motions - 1}", item="motion_id"
+            )
+        return self._metadata_list()[i]
+
+    def _metadata_list(self) -> list[dict]:
+        if self._clip_metadata is None:
+            raw, self._clip_metadata_raw = self._clip_metadata_raw, None
+            items = json.loads(bytes(raw.numpy()).decode()) if raw is not None and raw.numel() else []
+            self._clip_metadata = items if len(items) == self.num_motions else [{} for _ in range(self.num_motions)]
+        return self._clip_metadata
 
     def clip_index(self, name: str) -> int:
         """Id of the clip called ``name``; :class:`UnknownNameError` listing the names otherwise."""
@@ -577,6 +594,7 @@ class MotionLibrary:
 
         tree = self.skeleton_tree
         nb = tree.num_nodes
+        metadata = self._metadata_list()  # (decoded before the clip count changes)
         counts = np.array([c.motion.num_frames for c in clips], dtype=np.int64)
         fps = np.array([c.motion.fps for c in clips], dtype=np.float64)
         has_trans = (self._frames is not None and self._cols.trans is not None) or any(
@@ -633,7 +651,7 @@ class MotionLibrary:
         h["disp"] = np.concatenate([h["disp"], disp])
         h["start"] = np.concatenate([[0], np.cumsum(h["count"])[:-1]]).astype(np.int64)
         self._names += [c.name for c in clips]
-        self._clip_metadata += [c.metadata for c in clips]
+        metadata.extend(c.metadata for c in clips)
         if self.keep_source_motions:
             self._sources += [c.source for c in clips]
         self._build_clip_tensors()
@@ -785,7 +803,7 @@ class MotionLibrary:
                 )
         return ids
 
-    def _times(self, times, n: int, check, what: str = "times"):
+    def _times(self, times, check, what: str = "times"):
         import torch
 
         do = self._host_check(times, check)
@@ -796,10 +814,8 @@ class MotionLibrary:
             t = torch.as_tensor(a, device=self.device)
         if t.ndim == 0:
             t = t.reshape(1)
-        if t.ndim != 1 or t.shape[0] not in (1, n):
-            raise ShapeError(f"shape {tuple(t.shape)}; expected [{n}] (one per motion id) or a scalar", item=what)
-        if t.shape[0] != n:
-            t = t.expand(n)
+        if t.ndim != 1:
+            raise ShapeError(f"shape {tuple(t.shape)}; expected [n] (one per motion id) or a scalar", item=what)
         if do:
             a = _np(times).astype(np.float64).reshape(-1)
             bad = ~np.isfinite(a)
@@ -810,6 +826,18 @@ class MotionLibrary:
                 i = int(np.argmax(a < 0))
                 raise MotionError(f"{what[:-1]} {a[i]} s at entry {i} is negative; expected >= 0", item=what)
         return t
+
+    @staticmethod
+    def _broadcast(ids, x, what: str):
+        """``ids [n]`` and ``x [n]`` (either may have one entry, repeated for all)."""
+        n, m = ids.shape[0], x.shape[0]
+        if n == m:
+            return ids, x
+        if m == 1:
+            return ids, x.expand(n)
+        if n == 1:
+            return ids.expand(m), x
+        raise ShapeError(f"{m} {what} for {n} motion ids; expected one each (or a single one for all)", item=what)
 
     # -- sampling ----------------------------------------------------------------------------------------
     def sample_motion_ids(self, n: int, *, generator=None):
@@ -858,9 +886,8 @@ class MotionLibrary:
         """
         import torch
 
-        ids = self._ids(motion_ids, check)
+        ids, t = self._broadcast(self._ids(motion_ids, check), self._times(times, check), "times")
         n = ids.shape[0]
-        t = self._times(times, n, check)
         clip = self._clip_table.index_select(0, ids)
         fps, dur = clip[:, _FPS], clip[:, _DUR]
         if loop:
@@ -912,7 +939,6 @@ class MotionLibrary:
         import torch
 
         ids = self._ids(motion_ids, check)
-        n = ids.shape[0]
         if isinstance(frames, torch.Tensor):
             if frames.is_floating_point():
                 raise ShapeError(f"dtype {frames.dtype}; expected integer frame indices", item="frames")
@@ -923,9 +949,10 @@ class MotionLibrary:
                 raise ShapeError(f"dtype {a.dtype}; expected integer frame indices", item="frames")
             f = torch.as_tensor(a.astype(np.int64), device=self.device)
         f = f.reshape(-1) if f.ndim == 0 else f
-        if f.ndim != 1 or f.shape[0] not in (1, n):
-            raise ShapeError(f"shape {tuple(f.shape)}; expected [{n}] or a scalar", item="frames")
-        f = f.expand(n)
+        if f.ndim != 1:
+            raise ShapeError(f"shape {tuple(f.shape)}; expected [n] frame indices or a scalar", item="frames")
+        ids, f = self._broadcast(ids, f, "frames")
+        n = ids.shape[0]
         if self._host_check(frames, check) and self._host_check(motion_ids, check):
             fa = np.broadcast_to(_np(frames).reshape(-1), (n,))
             ia = np.broadcast_to(_np(motion_ids).reshape(-1), (n,))
@@ -1122,6 +1149,8 @@ class MotionLibrary:
             "skeleton_parent_indices": torch.tensor(self.skeleton_tree.parent_indices.tolist(), dtype=torch.int64),
             "skeleton_local_translation": torch.from_numpy(self.skeleton_tree.local_translation.copy()),
         }
+        meta_json = json.dumps(self._metadata_list(), default=str).encode()
+        tensors["clip_metadata_json"] = torch.frombuffer(bytearray(meta_json), dtype=torch.uint8)
         if self._kin is not None:
             tensors["kinematics_packed"] = cpu(self._kin)
         if self._backend is not None:
@@ -1134,7 +1163,6 @@ class MotionLibrary:
             "interpolation": self.interpolation.value,
             "layout_signature": self.layout_signature,
             "clip_names": self._names,
-            "clip_metadata": self._clip_metadata,
             "adapter": None if self.adapter is None else _qualname(self.adapter),
             "backend_fields": None if self._backend_fields is None else [[n, list(s)] for n, s in self._backend_fields],
         }
@@ -1258,7 +1286,8 @@ class MotionLibrary:
         lib._mapper = None
         lib._sources = []
         lib._names = [str(x) for x in header["clip_names"]]
-        lib._clip_metadata = list(header.get("clip_metadata") or [{} for _ in lib._names])
+        lib._clip_metadata = None  # decoded from clip_metadata_json on first use
+        lib._clip_metadata_raw = tensors.get("clip_metadata_json")
         lib._cols = cols
         lib._frames = place(frames)
         lib._kin = place(kin)
@@ -1286,12 +1315,8 @@ class MotionLibrary:
                 lib._backend_fields = [(str(n), tuple(int(v) for v in s)) for n, s in stored]
         lib._build_clip_tensors()
         if adapter is not None and lib._backend is None:
-            clips = [
-                _Clip(name=lib._names[i], motion=lib._stored_motion(i), source=None, metadata={})
-                for i in range(lib.num_motions)
-            ]
-            for c in clips:
-                c.source = c.motion
+            stored = [lib._stored_motion(i) for i in range(lib.num_motions)]
+            clips = [_Clip(name=lib._names[i], motion=m, source=m, metadata={}) for i, m in enumerate(stored)]
             np_dtype = np.float32 if dtype == torch.float32 else np.float64
             lib._backend = torch.from_numpy(lib._prepare_backend(clips, lib._host["count"], np_dtype)).to(dev)
             lib._build_clip_tensors()
