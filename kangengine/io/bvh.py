@@ -479,17 +479,14 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
     None (float64, file units, output axes)."""
     nf = values.shape[0]
     nn = len(nodes)
-    vt = np.ascontiguousarray(values.T)  # [channels, F]: every channel one contiguous row
-    rot = np.zeros((4, nn, nf), dtype=rot_dtype)
-    rot[0] = 1.0
+    rot = np.empty((nf, nn, 4), dtype=rot_dtype)
+    rot[...] = (1.0, 0.0, 0.0, 0.0)
     for order, (idx, cols) in layout.rot_groups.items():
-        # [k, J, F] -> 4 x [J, F]; float32 trig is SIMD-vectorised (~40x faster than float64 here)
-        ang = vt[np.asarray(cols).T].astype(rot_dtype, copy=False)
+        # k arrays [F, J] (each one gather); float32 trig is SIMD-vectorised (~40x faster than float64 here)
+        cols = np.asarray(cols)
+        ang = np.stack([values[:, cols[:, k]] for k in range(len(order))]).astype(rot_dtype, copy=False)
         comps = _euler_deg_to_quat(ang, order, out_axes)
-        idx = np.asarray(idx)
-        for k, comp in enumerate(comps):
-            rot[k, idx] = 0.0 if comp is None else comp
-    rot = rot.transpose(2, 1, 0)
+        rot[:, idx] = np.stack([np.zeros_like(ang[0]) if c is None else c for c in comps], axis=-1)
     lt = None
     root_t = np.broadcast_to(offsets[0], (nf, 3))
     if any(i != 0 for i, _ in layout.pos_nodes):
@@ -498,10 +495,10 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
         if i == 0:
             root_t = np.repeat(offsets[0][None], nf, axis=0)
             for a, col in pos:
-                root_t[:, vec_index[a]] = vt[col]
+                root_t[:, vec_index[a]] = values[:, col]
         else:
             for a, col in pos:
-                lt[:, i, vec_index[a]] = vt[col]
+                lt[:, i, vec_index[a]] = values[:, col]
     if lt is not None:
         lt[:, 0] = root_t
     return rot, np.ascontiguousarray(root_t), lt
