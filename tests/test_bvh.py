@@ -327,7 +327,7 @@ def _bad_cases():
             "repeated rotation axis",
             lambda t: t.replace("Zrotation Xrotation Yrotation", "Zrotation Xrotation Zrotation", 1),
             _line_of(text, "Zrotation Xrotation Yrotation"),
-            "twice",
+            "unknown rotation order 'ZXZ'",
         ),
         (
             "channel count",

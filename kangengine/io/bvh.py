@@ -197,15 +197,20 @@ def _parse_channels(tk: _Tokens, node: _Node):
                 item=f"line {ln}",
             )
         chans.append(key)
+    rot = "".join(_ROT_CHANNELS[c] for c in chans if c in _ROT_CHANNELS)
+    if len(set(rot)) != len(rot):
+        raise FormatError(
+            f"unknown rotation order {rot!r} of joint {node.name!r} (an axis repeats); expected distinct axes "
+            "such as ZXY or ZYX",
+            path=tk.path,
+            item=f"line {ln}",
+        )
     if len(set(chans)) != len(chans):
         raise FormatError(
             f"joint {node.name!r} lists a channel twice ({' '.join(_CHANNEL_NAME[c] for c in chans)})",
             path=tk.path,
             item=f"line {ln}",
         )
-    rot = "".join(_ROT_CHANNELS[c] for c in chans if c in _ROT_CHANNELS)
-    if len(set(rot)) != len(rot):  # pragma: no cover - caught by the duplicate check above
-        raise FormatError(f"unknown rotation order {rot!r}", path=tk.path, item=f"line {ln}")
     if tk.peek() is not None and tk.line() == ln and tk.peek().lower() in _CHANNEL_NAME:
         raise FormatError(f"joint {node.name!r} declares {n} channels but lists more", path=tk.path, item=f"line {ln}")
     node.channels = chans
@@ -219,30 +224,31 @@ def _parse_hierarchy(text: str, path) -> list[_Node]:
     if t != "ROOT":
         raise FormatError(f"found {t!r}; expected 'ROOT <name>' after HIERARCHY", path=path, item=f"line {ln}")
     nodes: list[_Node] = []
-    # iterative descent: stack of open joint indices
+    # iterative descent: stack of the indices of the open joints
     root = _Node(tk.name_until_brace("ROOT"), -1, ln)
-    stack = [root]
+    stack = [0]
     nodes.append(root)
     tk.expect("{")
     _parse_joint_head(tk, root, f"ROOT {root.name!r}")
     while stack:
         ln = tk.line()
         t = tk.next("'JOINT', 'End Site' or '}'")
-        parent = stack[-1]
+        parent_index = stack[-1]
+        parent = nodes[parent_index]
         if t == "}":
             stack.pop()
             continue
         if t == "JOINT":
-            node = _Node(tk.name_until_brace("JOINT"), nodes.index(parent), ln)
+            node = _Node(tk.name_until_brace("JOINT"), parent_index, ln)
             tk.expect("{")
             _parse_joint_head(tk, node, f"JOINT {node.name!r}")
+            stack.append(len(nodes))
             nodes.append(node)
-            stack.append(node)
             continue
         if t == "End":
             tk.name_until_brace("End Site")
             tk.expect("{")
-            node = _Node(None, nodes.index(parent), ln, end_site=True)
+            node = _Node(None, parent_index, ln, end_site=True)
             _parse_joint_head(tk, node, f"the End Site of {parent.name!r}")
             if node.channels:
                 raise FormatError(
