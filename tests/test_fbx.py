@@ -285,6 +285,10 @@ def test_bad_fbx_files(tmp_path):
         load_fbx(junk)
     with pytest.raises(FileMissingError):
         load_fbx(tmp_path / "missing.fbx")
+    static = tmp_path / "static.obj"  # a scene assimp reads, with no animation
+    static.write_text("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")
+    with pytest.raises(FormatError, match="static.obj: animation: the file has no animation take"):
+        load_fbx(static)
     with pytest.raises(FormatError, match="up_axis"):
         load_fbx(data_file(CMU), up_axis="x")
     with pytest.raises(FormatError, match="scale"):
