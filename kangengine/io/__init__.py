@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import FileMissingError, FormatError
 from . import axes
 from .bvh import BVH_LENGTH_UNITS, BVHFrameCountWarning, load_bvh, save_bvh
+from .fbx import fbx_take_names, load_fbx  # pyassimp itself is imported on the first read
 
 __all__ = [
     "axes",
@@ -22,6 +23,7 @@ __all__ = [
     "BVH_LENGTH_UNITS",
     "BVHFrameCountWarning",
     "load_fbx",
+    "fbx_take_names",
     "load_motion",
     "MOTION_LOADERS",
 ]
@@ -33,13 +35,6 @@ MOTION_LOADERS: dict[str, str] = {
     ".fbx": "kangengine.io.fbx:load_fbx",
     ".npz": "kangengine.animation.skeleton:SkeletonMotion.load_npz",
 }
-
-
-def load_fbx(path, **kw):
-    """Read an FBX file (see :func:`kangengine.io.fbx.load_fbx`; imports pyassimp on first use)."""
-    from .fbx import load_fbx as _load_fbx
-
-    return _load_fbx(path, **kw)
 
 
 def _resolve(target: str):
