@@ -303,3 +303,16 @@ def test_fbx_to_bvh_round_trip(tmp_path):
     assert back.metadata["source_units"] == "cmu" and back.tree.node_names == m.tree.node_names
     assert back.num_frames == 317 and back.fps == pytest.approx(120.0)
     np.testing.assert_allclose(back.global_translation, m.global_translation, atol=1e-4)
+
+
+def test_take_names_and_missing_pyassimp_message(monkeypatch):
+    import sys
+
+    from kangengine.errors import MissingDependencyError
+    from kangengine.io import fbx
+
+    assert ke.io.fbx_take_names(data_file(CMU)) == ["07_01|07_01"]
+    monkeypatch.setattr(fbx, "_LIB", None)
+    monkeypatch.setitem(sys.modules, "pyassimp", None)  # as if the fbx extra were not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install -e \"\.\[fbx\]\""):
+        load_fbx(data_file(CMU))
