@@ -355,6 +355,7 @@ def _solve_hinge1(axis, comps):
     residual = 2.0 * np.arctan2(np.sqrt(pn), np.sqrt(w * w + t * t))
     return angle, residual
 
+
 def _solve_hinge2(axes, comps):
     """Best fit of exp(a1 t1) exp(a2 t2) to J: the top singular pair of
     ``M = [[<1,J>, <a2,J>], [<a1,J>, <a1 a2,J>]]`` gives ``(cos t1/2, sin t1/2)`` and
@@ -386,6 +387,7 @@ def _solve_hinge2(axes, comps):
         residual = _chain_residual(J, np.array(axes), np.stack([t1, t2], axis=-1)).astype(w.dtype)
     return t1, t2, residual
 
+
 def _davenport_core(dv: _Davenport, comps, signs):
     """Closed-form Davenport angles of quaternion components ``comps`` (4 arrays ``[...]``).
 
@@ -415,10 +417,12 @@ def _davenport_core(dv: _Davenport, comps, signs):
         s = _add(_mul(xc, dv.sphi), _mul(sa, sgn * dv.cphi))
         proj = _add(_add(_mul(c, dv.A), _mul(s, dv.B)), dv.C)  # a1 . exp(a2 t2) a3
         t2 = dv.phi + sgn * alpha
-        t1 = np.arctan2(_arr(_lin(*_interleave(Y1, c, s)), w),
-                        _arr(_sub(_lin(*_interleave(X1, c, s)), _mul(proj, d)), w))
-        t3 = np.arctan2(_arr(_lin(*_interleave(Y3, c, s)), w),
-                        _arr(_sub(_lin(*_interleave(X3, c, s)), _mul(proj, d)), w))
+        t1 = np.arctan2(
+            _arr(_lin(*_interleave(Y1, c, s)), w), _arr(_sub(_lin(*_interleave(X1, c, s)), _mul(proj, d)), w)
+        )
+        t3 = np.arctan2(
+            _arr(_lin(*_interleave(Y3, c, s)), w), _arr(_sub(_lin(*_interleave(X3, c, s)), _mul(proj, d)), w)
+        )
         if lock.size:  # t1, t3 ill-conditioned: t3 from the remainder exp(-a2 t2) exp(-a1 t1) J
             J = np.stack([v.reshape(-1)[lock] for v in comps], axis=-1).astype(np.float64)
             J /= np.linalg.norm(J, axis=-1, keepdims=True)
@@ -582,8 +586,10 @@ class ArticulationMotionMapper:
 
     def __init__(self, layout: ArticulationCoordinateLayout):
         if not isinstance(layout, ArticulationCoordinateLayout):
-            raise ShapeError(f"got {type(layout).__name__}; expected an ArticulationCoordinateLayout",
-                             item="ArticulationMotionMapper(layout)")
+            raise ShapeError(
+                f"got {type(layout).__name__}; expected an ArticulationCoordinateLayout",
+                item="ArticulationMotionMapper(layout)",
+            )
         self.layout = layout
         self.skeleton_tree = SkeletonTree.from_articulation(layout)
         self._build()
@@ -633,8 +639,15 @@ class ArticulationMotionMapper:
             complete = False
             if kind == _HINGE3:
                 complete = _Davenport(axes).complete
-            self._groups.append(_Group(kind=kind, axes=axes, bodies=np.array(bodies, dtype=np.int64),
-                                       hinge_cols=np.array(cols, dtype=np.int64), complete=complete))
+            self._groups.append(
+                _Group(
+                    kind=kind,
+                    axes=axes,
+                    bodies=np.array(bodies, dtype=np.int64),
+                    hinge_cols=np.array(cols, dtype=np.int64),
+                    complete=complete,
+                )
+            )
         self._davenport = {g.axes: _Davenport(g.axes) for g in self._groups if g.kind == _HINGE3}
         self._group_rest_identity = {id(g): bool(np.all(self._rest_is_identity[g.bodies])) for g in self._groups}
         self._hinge_q = np.array(hinge_q, dtype=np.int64)
@@ -662,27 +675,36 @@ class ArticulationMotionMapper:
                 raise UnknownNameError(
                     f"{what} skeleton nodes do not match the articulation's bodies: unknown nodes {unknown}, "
                     f"missing bodies {missing}; bodies are (in order): {', '.join(names)}. Map the motion onto "
-                    "SkeletonTree.from_articulation(desc) first (retargeting)", path=self.layout.source)
+                    "SkeletonTree.from_articulation(desc) first (retargeting)",
+                    path=self.layout.source,
+                )
             first = next(i for i, (a, b) in enumerate(zip(tree.node_names, names)) if a != b)
             raise LayoutMismatch(
                 f"{what} skeleton has the articulation's bodies in another order (first difference at index "
                 f"{first}: {tree.node_names[first]!r}, expected {names[first]!r}); expected the order "
-                f"{', '.join(names)} (the loader's BFS/DFS order)", path=self.layout.source)
+                f"{', '.join(names)} (the loader's BFS/DFS order)",
+                path=self.layout.source,
+            )
         if not np.array_equal(tree.parent_indices, np.asarray(self.layout.parent_indices)):
-            bad = [names[i] for i, (a, b) in enumerate(zip(tree.parent_indices, self.layout.parent_indices))
-                   if a != b]
-            raise LayoutMismatch(f"{what} skeleton has other parents than the articulation for nodes {bad}",
-                                 path=self.layout.source)
-        if tree is not self.skeleton_tree and not np.allclose(tree.local_translation[1:],
-                                                              self.layout.rest_positions[1:], atol=1e-6):
+            bad = [names[i] for i, (a, b) in enumerate(zip(tree.parent_indices, self.layout.parent_indices)) if a != b]
+            raise LayoutMismatch(
+                f"{what} skeleton has other parents than the articulation for nodes {bad}", path=self.layout.source
+            )
+        if tree is not self.skeleton_tree and not np.allclose(
+            tree.local_translation[1:], self.layout.rest_positions[1:], atol=1e-6
+        ):
             diff = np.abs(tree.local_translation[1:] - self.layout.rest_positions[1:]).max()
-            warnings.warn(f"{what} skeleton offsets differ from the articulation's rest offsets (max {diff:.3g} m): "
-                          "rotations are mapped, but body positions will follow the articulation",
-                          SkeletonOffsetWarning, stacklevel=3)
+            warnings.warn(
+                f"{what} skeleton offsets differ from the articulation's rest offsets (max {diff:.3g} m): "
+                "rotations are mapped, but body positions will follow the articulation",
+                SkeletonOffsetWarning,
+                stacklevel=3,
+            )
 
     # -- public API ----------------------------------------------------------------------------------
-    def to_articulation_motion(self, skeleton_motion: SkeletonMotion, *, clamp_to_limits: bool = False
-                               ) -> MappingResult:
+    def to_articulation_motion(
+        self, skeleton_motion: SkeletonMotion, *, clamp_to_limits: bool = False
+    ) -> MappingResult:
         """Map a motion on the articulation's skeleton to ``q``/``qd``.
 
         Args:
@@ -703,27 +725,33 @@ class ArticulationMotionMapper:
             a single frame).
         """
         if not isinstance(skeleton_motion, SkeletonMotion):
-            raise ShapeError(f"got {type(skeleton_motion).__name__}; expected a SkeletonMotion (use "
-                             "to_articulation_coordinates for single or batched states)",
-                             item="to_articulation_motion")
+            raise ShapeError(
+                f"got {type(skeleton_motion).__name__}; expected a SkeletonMotion (use "
+                "to_articulation_coordinates for single or batched states)",
+                item="to_articulation_motion",
+            )
         self._check_tree(skeleton_motion.tree, "motion")
         m = skeleton_motion.numpy()
         L = np.asarray(m.local_rotation)
         rt = np.asarray(m.root_translation)
         dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
-        q, residual, clamped = self._solve(L.astype(dtype, copy=False), rt.astype(dtype, copy=False),
-                                           time_axis=True, clamp=clamp_to_limits)
+        q, residual, clamped = self._solve(
+            L.astype(dtype, copy=False), rt.astype(dtype, copy=False), time_axis=True, clamp=clamp_to_limits
+        )
         lay = self.layout
         fps = skeleton_motion.fps
         qd = self.velocities(q, fps)
         meta = dict(skeleton_motion.metadata)
-        meta["mapper"] = {"clamp_to_limits": bool(clamp_to_limits),
-                          "max_residual_angle": float(residual.max()) if residual.size else 0.0}
+        meta["mapper"] = {
+            "clamp_to_limits": bool(clamp_to_limits),
+            "max_residual_angle": float(residual.max()) if residual.size else 0.0,
+        }
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
 
-    def to_articulation_coordinates(self, skeleton_state: SkeletonState, *, clamp_to_limits: bool = False
-                                    ) -> CoordinatesResult:
+    def to_articulation_coordinates(
+        self, skeleton_state: SkeletonState, *, clamp_to_limits: bool = False
+    ) -> CoordinatesResult:
         """Map one pose or a batch of independent poses to ``q``.
 
         Args:
@@ -737,8 +765,9 @@ class ArticulationMotionMapper:
             within pi of the middle of their limits (unlimited: of ``ref``); quaternions with ``w >= 0``.
         """
         if not isinstance(skeleton_state, SkeletonState):
-            raise ShapeError(f"got {type(skeleton_state).__name__}; expected a SkeletonState",
-                             item="to_articulation_coordinates")
+            raise ShapeError(
+                f"got {type(skeleton_state).__name__}; expected a SkeletonState", item="to_articulation_coordinates"
+            )
         self._check_tree(skeleton_state.tree, "state")
         s = skeleton_state.numpy()
         L = np.asarray(s.local_rotation)
@@ -749,9 +778,11 @@ class ArticulationMotionMapper:
         rt2 = rt.reshape(-1, 3).astype(dtype, copy=False)
         q, residual, clamped = self._solve(L2, rt2, time_axis=False, clamp=clamp_to_limits)
         nb = self.layout.num_bodies
-        return CoordinatesResult(q=q.reshape(lead + (self.layout.nq,)),
-                                 residual_angles=residual.reshape(lead + (nb,)),
-                                 clamped=clamped.reshape(lead + (self.layout.nv,)))
+        return CoordinatesResult(
+            q=q.reshape(lead + (self.layout.nq,)),
+            residual_angles=residual.reshape(lead + (nb,)),
+            clamped=clamped.reshape(lead + (self.layout.nv,)),
+        )
 
     def to_skeleton_state(self, q) -> SkeletonState:
         """The articulation's skeleton posed at ``q``.
@@ -789,13 +820,19 @@ class ArticulationMotionMapper:
             MotionError: the layout has prismatic joints.
         """
         if not isinstance(motion, ArticulationMotion):
-            raise ShapeError(f"got {type(motion).__name__}; expected an ArticulationMotion",
-                             item="to_skeleton_motion")
+            raise ShapeError(f"got {type(motion).__name__}; expected an ArticulationMotion", item="to_skeleton_motion")
         motion.check_layout(self.layout, what="articulation motion")
         self._refuse_slides("to_skeleton_motion")
         st = self.to_skeleton_state(motion.q)
-        return SkeletonMotion(self.skeleton_tree, st.root_translation, st.local_rotation, motion.fps(),
-                              st.local_translation, metadata=motion.metadata, skip_checks=True)
+        return SkeletonMotion(
+            self.skeleton_tree,
+            st.root_translation,
+            st.local_rotation,
+            motion.fps(),
+            st.local_translation,
+            metadata=motion.metadata,
+            skip_checks=True,
+        )
 
     def velocities(self, q, fps: float) -> np.ndarray:
         """``qd [frames, nv]`` of a sampled trajectory ``q [frames, nq]`` at ``fps``: central differences
@@ -810,7 +847,7 @@ class ArticulationMotionMapper:
         dt = 1.0 / float(fps)
         for s in range(1, n - 1, _CHUNK):  # interior, in cache-sized blocks
             e = min(s + _CHUNK, n - 1)
-            qd[s:e] = lay.difference(q[s + 1:e + 1], q[s - 1:e - 1], 2.0 * dt)
+            qd[s:e] = lay.difference(q[s + 1 : e + 1], q[s - 1 : e - 1], 2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
         return qd
@@ -818,14 +855,20 @@ class ArticulationMotionMapper:
     # -- helpers ---------------------------------------------------------------------------------------
     @property
     def _needs_local_translation(self) -> bool:
-        return any(b.joint_type in (JointType.HINGE, JointType.BALL, JointType.SLIDE) and any(b.anchor)
-                   and b.body_index != 0 for b in self.layout.blocks)
+        return any(
+            b.joint_type in (JointType.HINGE, JointType.BALL, JointType.SLIDE) and any(b.anchor) and b.body_index != 0
+            for b in self.layout.blocks
+        )
 
     def _refuse_slides(self, what: str):
         if self._slides:
             names = ", ".join(b.joint_name for b in self._slides)
-            raise MotionError(f"the layout has prismatic (slide) joints {names}; a SkeletonState/SkeletonMotion "
-                              "holds rotations only and cannot represent them", path=self.layout.source, item=what)
+            raise MotionError(
+                f"the layout has prismatic (slide) joints {names}; a SkeletonState/SkeletonMotion "
+                "holds rotations only and cannot represent them",
+                path=self.layout.source,
+                item=what,
+            )
 
     # -- the solver ------------------------------------------------------------------------------------
     def _solve(self, L: np.ndarray, root_translation: np.ndarray, *, time_axis: bool, clamp: bool):
@@ -839,13 +882,13 @@ class ArticulationMotionMapper:
             q[:, off] = ref
         if self._free is not None:
             b, off = self._free
-            q[:, off:off + 3] = root_translation
-            q[:, off + 3:off + 7] = self._continuous(R.quat_normalize(L[:, b]), time_axis)
+            q[:, off : off + 3] = root_translation
+            q[:, off + 3 : off + 7] = self._continuous(R.quat_normalize(L[:, b]), time_axis)
         if self._ball_bodies:
             J = self._joint_rotation(L, np.array(self._ball_bodies))  # [N, k, 4]
             J = self._continuous(R.quat_normalize(J), time_axis)
             for i, off in enumerate(self._ball_q):
-                q[:, off:off + 4] = J[:, i]
+                q[:, off : off + 4] = J[:, i]
         if self._none_bodies:
             idx = np.array(self._none_bodies)
             J = self._joint_rotation(L, idx)
@@ -900,8 +943,10 @@ class ArticulationMotionMapper:
         slow = [g for g in self._groups if g.kind == _HINGE3 and not g.complete]
         cross = {id(g): np.zeros((N, len(g.bodies)), dtype=bool) for g in fast}
         dcost = {id(g): np.empty((N, len(g.bodies)), dtype=dt) for g in fast}
-        both = {id(g): (np.empty((2, N, len(g.bodies), 3), dtype=dt), np.empty((2, N, len(g.bodies)), dtype=dt))
-                for g in slow}
+        both = {
+            id(g): (np.empty((2, N, len(g.bodies), 3), dtype=dt), np.empty((2, N, len(g.bodies)), dtype=dt))
+            for g in slow
+        }
         carry: dict = {}
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
@@ -1170,10 +1215,12 @@ def _qmul_comps(a, b):
     """Hamilton product of component tuples ``(w, x, y, z)`` (arrays broadcasting against each other)."""
     aw, ax, ay, az = a
     bw, bx, by, bz = b
-    return (aw * bw - ax * bx - ay * by - az * bz,
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw)
+    return (
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    )
 
 
 def _abs_wrapped(x):

@@ -1,0 +1,662 @@
+"""ArticulationMotionMapper: exact joint decomposition, residuals, limits, velocities and continuity.
+
+Oracles: MuJoCo (body positions at the mapped qpos), scipy (Euler angles, brute-force residual minima),
+analytic derivatives of synthetic trajectories, and round trips through our own forward kinematics.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+from conftest import data_file
+from scipy.optimize import minimize
+from scipy.spatial.transform import Rotation
+
+from kangengine import rotations as R
+from kangengine.animation import (
+    ArticulationCoordinateLayout,
+    ArticulationMotion,
+    ArticulationMotionMapper,
+    CoordinatesResult,
+    MappingResult,
+    SkeletonMotion,
+    SkeletonOffsetWarning,
+    SkeletonState,
+    SkeletonTree,
+    forward_kinematics,
+)
+from kangengine.asset import JointType, MJCFLoader, URDFLoader
+from kangengine.errors import LayoutMismatch, MotionError, ShapeError, UnknownNameError
+
+ROTATIONAL_MJCF = [
+    "mjcf/protomotions/smpl_humanoid.xml",
+    "mjcf/dm_control/humanoid_CMU.xml",
+    "mjcf/unitree/g1_29dof.nomesh.xml",
+    "mjcf/dm_control/model_with_ball_joints.xml",
+    "mjcf/mujoco/humanoid.xml",  # anchors, non-orthogonal 2-hinge shoulders
+    "mjcf/protomotions/amp_humanoid.xml",
+]
+
+# Arbitrary axes, anchors, refs and limits, 1/2/3/4 hinges, parallel axes, a ball next to a hinge.
+SYNTH_MJCF = """
+<mujoco model="mapper_synth">
+  <default><joint armature="0.01" damping="0.1"/><geom type="sphere" size="0.05" mass="1"/></default>
+  <worldbody>
+    <body name="base" pos="0 0 1">
+      <freejoint name="root"/>
+      <geom size="0.1"/>
+      <body name="one" pos="0.2 0 0" quat="0.9 0.1 0.3 0.2">
+        <joint name="h1" axis="0.3 0.5 0.8" range="-60 60"/>
+        <geom/>
+      </body>
+      <body name="two" pos="0 0.2 0">
+        <joint name="h2a" axis="1 0.2 0.1" pos="0 0 0.03"/>
+        <joint name="h2b" axis="0.1 1 0.5" ref="20"/>
+        <geom/>
+      </body>
+      <body name="three" pos="0 -0.2 0" quat="0.7 0.7 0 0">
+        <joint name="h3a" axis="1 0.3 0"/>
+        <joint name="h3b" axis="0.2 1 0.3"/>
+        <joint name="h3c" axis="0 0.4 1"/>
+        <geom/>
+      </body>
+      <body name="euler" pos="0 0 0.2">
+        <joint name="eza" axis="0 0 1"/>
+        <joint name="exb" axis="-1 0 0"/>
+        <joint name="ezc" axis="0 0 1"/>
+        <geom/>
+      </body>
+      <body name="skewed" pos="0.1 0 0.2">
+        <joint name="ka" axis="1 0 0"/>
+        <joint name="kb" axis="0 1 0"/>
+        <joint name="kc" axis="1 0 1"/>
+        <geom/>
+      </body>
+      <body name="par" pos="0 0 -0.2">
+        <joint name="pa" axis="1 0 0"/>
+        <joint name="pb" axis="1 0 0"/>
+        <joint name="pc" axis="0 1 0"/>
+        <geom/>
+      </body>
+      <body name="four" pos="0.2 0.2 0">
+        <joint name="fa" axis="1 0 0"/>
+        <joint name="fb" axis="0 1 0"/>
+        <joint name="fc" axis="0 0 1"/>
+        <joint name="fd" axis="1 1 0"/>
+        <geom/>
+      </body>
+      <body name="wheel" pos="-0.2 0.2 0">
+        <joint name="spin" axis="0 0 1" limited="false"/>
+        <geom/>
+      </body>
+      <body name="offset" pos="-0.2 -0.2 0">
+        <joint name="off" axis="0 1 0" range="30 310"/>
+        <geom/>
+      </body>
+      <body name="fixedchild" pos="-0.2 0 0">
+        <geom/>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mapper") / "synth.xml"
+    path.write_text(SYNTH_MJCF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        desc = MJCFLoader.load(path)
+    return path, ArticulationCoordinateLayout.from_data(data=desc)
+
+
+def _layout(rel, *, free_root=None):
+    """The layout of a shared model; ``free_root`` follows the file (as MuJoCo's qpos does) by default."""
+    path = data_file(rel)
+    desc = URDFLoader.load(path) if rel.endswith(".urdf") else MJCFLoader.load(path)
+    if free_root is None:
+        free_root = any(j.type is JointType.FREE for j in desc.joints)
+    return ArticulationCoordinateLayout.from_data(data=desc, free_root=free_root)
+
+
+def _hinge_blocks(layout, body):
+    return [b for b in layout.blocks_of_body(body) if b.joint_type is JointType.HINGE]
+
+
+def _random_q(layout, rng, n, *, triplet_max=0.45 * np.pi):
+    """Random q inside the limits; on bodies with 3+ hinges every angle within +-triplet_max (one
+    decomposition branch is then clearly the nearest, so q itself must come back)."""
+    q = np.tile(layout.neutral(), (n, 1))
+    for b in layout.blocks:
+        s = b.q_slice
+        if b.joint_type is JointType.FREE:
+            q[:, s.start : s.start + 3] = rng.normal(size=(n, 3))
+            q[:, s.start + 3 : s.stop] = R.quat_normalize(rng.normal(size=(n, 4)))
+        elif b.joint_type is JointType.BALL:
+            q[:, s] = R.quat_normalize(rng.normal(size=(n, 4)))
+        elif b.joint_type is JointType.HINGE:
+            lo, hi = b.limits if b.limits is not None else (b.ref - 3.0, b.ref + 3.0)
+            if len(_hinge_blocks(layout, b.body_index)) >= 3:
+                lo, hi = max(lo, b.ref - triplet_max), min(hi, b.ref + triplet_max)
+            q[:, s.start] = rng.uniform(lo, hi, size=n)
+    return q
+
+
+def _standardize_quats(layout, q):
+    q = np.array(q, dtype=np.float64, copy=True)
+    for b in layout.blocks:
+        o = b.q_offset + 3 if b.joint_type is JointType.FREE else b.q_offset
+        if b.joint_type in (JointType.FREE, JointType.BALL):
+            q[:, o : o + 4] *= np.where(q[:, o : o + 1] < 0, -1.0, 1.0)
+    return q
+
+
+def _motion(mapper, q, fps):
+    st = mapper.to_skeleton_state(q)
+    return SkeletonMotion(mapper.skeleton_tree, st.root_translation, st.local_rotation, fps, st.local_translation)
+
+
+def _mujoco_xpos(model, q):
+    d = mujoco.MjData(model)
+    out = np.empty((len(q), model.nbody - 1, 3))
+    for i, qi in enumerate(q):
+        d.qpos[:] = qi
+        mujoco.mj_kinematics(model, d)
+        out[i] = d.xpos[1:]
+    return out
+
+
+def _mujoco_model(rel):
+    path = data_file(rel)
+    if rel.endswith(".urdf"):
+        spec = mujoco.MjSpec.from_file(str(path))
+        spec.compiler.fusestatic = False
+        return spec.compile()
+    return mujoco.MjModel.from_xml_path(str(path))
+
+
+# -- round trips on every model with rotational joints -----------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ROTATIONAL_MJCF + ["urdf/unitree/g1_29dof.nomesh.urdf"])
+def test_round_trip_q_skeleton_q_and_mujoco_positions(rel):
+    layout = _layout(rel)
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(0), 300)
+    state = mapper.to_skeleton_state(q)
+    res = mapper.to_articulation_coordinates(state)
+    assert isinstance(res, CoordinatesResult)
+    assert res.q.shape == q.shape and res.residual_angles.shape == (300, layout.num_bodies)
+    np.testing.assert_allclose(_standardize_quats(layout, res.q), _standardize_quats(layout, q), atol=1e-5)
+    assert res.residual_angles.max() < 1e-5
+    # MuJoCo at the mapped qpos puts every body where the skeleton has it
+    model = _mujoco_model(rel)
+    assert model.nq == layout.nq
+    xpos = _mujoco_xpos(model, res.q[:40])
+    np.testing.assert_allclose(xpos, np.asarray(state.global_translation)[:40], atol=1e-9)
+    # float32 states: same answer to float32 precision
+    res32 = mapper.to_articulation_coordinates(mapper.to_skeleton_state(q.astype(np.float32)))
+    assert res32.q.dtype == np.float32
+    np.testing.assert_allclose(_standardize_quats(layout, res32.q), _standardize_quats(layout, q), atol=2e-5)
+    assert res32.residual_angles.max() < 2e-5
+
+
+@pytest.mark.parametrize("rel", ["mjcf/dm_control/humanoid_CMU.xml", "mjcf/mujoco/humanoid.xml"])
+def test_motion_round_trip_and_skeleton_motion(rel):
+    layout = _layout(rel)
+    mapper = ArticulationMotionMapper(layout)
+    q, _ = _synthetic_trajectory(layout, 30.0, seconds=50 / 30.0)  # a motion: smooth in time
+    q = q[:50]
+    result = mapper.to_articulation_motion(_motion(mapper, q, 30.0))
+    assert isinstance(result, MappingResult)
+    motion = result.motion
+    assert isinstance(motion, ArticulationMotion) and motion.q.dtype == np.float32
+    assert motion.layout_signature == layout.model_signature and motion.fps() == 30.0
+    assert result.clamped.shape == (50, layout.nv) and not result.clamped.any()
+    hinge = [b.q_offset for b in layout.blocks if b.joint_type is JointType.HINGE]
+    np.testing.assert_allclose(motion.q[:, hinge], q[:, hinge], atol=2e-6)
+    back = mapper.to_skeleton_motion(motion)
+    assert isinstance(back, SkeletonMotion) and back.fps == 30.0
+    p_back = np.asarray(back.global_translation)
+    p_ref, _ = forward_kinematics(layout, q)
+    np.testing.assert_allclose(p_back, p_ref, atol=2e-5)
+
+
+def test_batched_states_keep_their_shape_and_torch_states_work():
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml")
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(2), 24).reshape(2, 3, 4, layout.nq)
+    st = mapper.to_skeleton_state(q)
+    assert st.local_rotation.shape == (2, 3, 4, layout.num_bodies, 4)
+    res = mapper.to_articulation_coordinates(st)
+    assert res.q.shape == (2, 3, 4, layout.nq) and res.residual_angles.shape == (2, 3, 4, layout.num_bodies)
+    np.testing.assert_allclose(res.q[..., 7:], q[..., 7:], atol=1e-9)
+    single = mapper.to_articulation_coordinates(st[1, 2, 3])
+    assert single.q.shape == (layout.nq,)
+    np.testing.assert_allclose(single.q, res.q[1, 2, 3])
+    st_t = mapper.to_skeleton_state(torch.as_tensor(q))
+    assert isinstance(st_t.local_rotation, torch.Tensor)
+    np.testing.assert_allclose(mapper.to_articulation_coordinates(st_t).q, res.q, atol=1e-12)
+
+
+def test_to_skeleton_state_fills_anchor_translations_and_matches_mujoco():
+    rel = "mjcf/mujoco/humanoid.xml"  # hinges with anchors move body origins
+    layout = _layout(rel)
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(3), 20)
+    st = mapper.to_skeleton_state(q)
+    assert st.local_translation is not None
+    np.testing.assert_allclose(np.asarray(st.global_translation), _mujoco_xpos(_mujoco_model(rel), q), atol=1e-9)
+    pos, rot = forward_kinematics(layout, q)
+    np.testing.assert_allclose(np.asarray(st.global_translation), pos, atol=1e-12)
+    assert np.all(np.abs(np.abs(np.sum(np.asarray(st.global_rotation) * rot, -1)) - 1) < 1e-12)
+
+
+# -- the decomposition itself -----------------------------------------------------------------------
+
+
+def test_xyz_triplets_equal_scipy_intrinsic_euler_angles():
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml")
+    mapper = ArticulationMotionMapper(layout)
+    rng = np.random.default_rng(4)
+    n = 500
+    local = R.quat_normalize(rng.normal(size=(n, layout.num_bodies, 4)))
+    res = mapper.to_articulation_coordinates(SkeletonState(mapper.skeleton_tree, rng.normal(size=(n, 3)), local))
+    body = layout.body_index("L_Knee")
+    blocks = _hinge_blocks(layout, body)
+    assert [b.axis for b in blocks] == [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
+    ours = res.q[:, [b.q_offset for b in blocks]]
+    quat = local[:, body]
+    a = Rotation.from_quat(quat[:, [1, 2, 3, 0]]).as_euler("XYZ")  # intrinsic x, then y, then z
+    b = np.stack([a[:, 0] + np.pi, np.pi - a[:, 1], a[:, 2] + np.pi], axis=-1)  # the other branch
+    wrap = lambda x: x - 2 * np.pi * np.rint(x / (2 * np.pi))
+    a, b = wrap(a), wrap(b)
+    # every SMPL hinge is limited to +-pi, so both branches fit: the one with smaller angles is chosen
+    want = np.where((np.abs(b).sum(-1) < np.abs(a).sum(-1))[:, None], b, a)
+    np.testing.assert_allclose(wrap(ours - want), 0.0, atol=1e-9)
+    assert (np.abs(b).sum(-1) < np.abs(a).sum(-1)).any() and (np.abs(a).sum(-1) < np.abs(b).sum(-1)).any()
+    assert res.residual_angles.max() == 0.0
+
+
+def _brute_force_residual(J, axes, rng):
+    """Smallest geodesic angle over several starts of L-BFGS on 1 - <chain(theta), J>^2 (monotone in
+    the angle), composing the chain with scipy's rotations (independent of ours)."""
+    rv = np.asarray(axes, dtype=float)
+    j_xyzw = np.array([J[1], J[2], J[3], J[0]])
+
+    def f(th):
+        p = Rotation.identity()
+        for k in range(len(th)):
+            p = p * Rotation.from_rotvec(rv[k] * th[k])
+        return 1.0 - float(np.dot(p.as_quat(), j_xyzw)) ** 2
+
+    best = min(
+        minimize(
+            f, rng.uniform(-np.pi, np.pi, len(axes)), method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-12}
+        ).fun
+        for _ in range(4)
+    )
+    return 2.0 * np.arccos(np.sqrt(min(1.0, max(0.0, 1.0 - best))))
+
+
+def _chain(axes, theta):
+    p = np.array([1.0, 0.0, 0.0, 0.0])
+    for a, t in zip(axes, theta):
+        p = R.quat_multiply(p, R.quat_from_axis_angle(np.asarray(a, dtype=float), t))
+    return p
+
+
+def test_residuals_are_the_best_fit_on_any_axes(synth):
+    """Random (mostly unreachable) rotations: the reported residual is the geodesic distance to the
+    joints' rotation at the mapped angles, and no other angles come closer (scipy multi-start)."""
+    _, layout = synth
+    mapper = ArticulationMotionMapper(layout)
+    rng = np.random.default_rng(5)
+    n = 4
+    local = R.quat_normalize(rng.normal(size=(n, layout.num_bodies, 4)))
+    res = mapper.to_articulation_coordinates(SkeletonState(mapper.skeleton_tree, np.zeros((n, 3)), local))
+    for name in ("one", "two", "three", "skewed", "par"):
+        b = layout.body_index(name)
+        blocks = _hinge_blocks(layout, b)
+        axes = [blk.axis for blk in blocks]
+        J = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz[b]), local[:, b])
+        for i in range(n):
+            theta = [res.q[i, blk.q_offset] - blk.ref for blk in blocks]
+            got = res.residual_angles[i, b]
+            assert abs(R.quat_angle_between(_chain(axes, theta), J[i]) - got) < 1e-9
+            assert got <= _brute_force_residual(J[i], axes, rng) + 1e-7, name
+    fixed = layout.body_index("fixedchild")
+    J = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz[fixed]), local[:, fixed])
+    np.testing.assert_allclose(res.residual_angles[:, fixed], R.quat_angle(J), atol=1e-12)
+
+
+def test_reachable_rotations_come_back_exactly_on_any_axes(synth):
+    _, layout = synth
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(6), 400, triplet_max=1.2)
+    st = mapper.to_skeleton_state(q)
+    res = mapper.to_articulation_coordinates(st)
+    assert res.residual_angles.max() < 1e-8
+    _, r0 = forward_kinematics(layout, q)
+    _, r1 = forward_kinematics(layout, res.q)
+    assert R.quat_angle_between(r0, r1).max() < 1e-8
+    # non-redundant bodies give q itself back (ref of h2b included)
+    for name in ("one", "two", "euler"):
+        for blk in _hinge_blocks(layout, layout.body_index(name)):
+            d = res.q[:, blk.q_offset] - q[:, blk.q_offset]
+            np.testing.assert_allclose(d - 2 * np.pi * np.rint(d / (2 * np.pi)), 0.0, atol=1e-9)
+
+
+def test_single_hinge_residual_is_the_perpendicular_rotation():
+    layout = _layout("mjcf/unitree/g1_29dof.nomesh.xml")
+    mapper = ArticulationMotionMapper(layout)
+    knee = layout.block("left_knee_joint")
+    axis = np.asarray(knee.axis)
+    perp = np.cross(axis, [1.0, 0.0, 0.0]) if abs(axis[0]) < 0.9 else np.cross(axis, [0.0, 1.0, 0.0])
+    perp /= np.linalg.norm(perp)
+    q = np.tile(layout.neutral(), (5, 1))
+    st = mapper.to_skeleton_state(q)
+    beta = np.array([0.0, 0.1, 0.7, 1.5, 3.0])
+    theta = np.array([0.3, 1.0, -0.4, 2.0, 0.5])
+    b = knee.body_index
+    local = np.array(st.local_rotation, copy=True)
+    twist = R.quat_from_axis_angle(np.broadcast_to(axis, (5, 3)), theta)
+    swing = R.quat_from_axis_angle(np.broadcast_to(perp, (5, 3)), beta)
+    local[:, b] = R.quat_multiply(layout.rest_rotations_wxyz[b], R.quat_multiply(swing, twist))
+    res = mapper.to_articulation_coordinates(SkeletonState(mapper.skeleton_tree, st.root_translation, local))
+    np.testing.assert_allclose(res.residual_angles[:, b], beta, atol=1e-12)
+    np.testing.assert_allclose(res.q[:, knee.q_offset], theta, atol=1e-12)
+    others = np.delete(res.residual_angles, b, axis=1)
+    assert others.max() < 1e-12
+
+
+def test_gimbal_lock_frames_are_exact():
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml")
+    mapper = ArticulationMotionMapper(layout)
+    q = np.tile(layout.neutral(), (6, 1))
+    sh = [b.q_offset for b in _hinge_blocks(layout, layout.body_index("R_Shoulder"))]
+    q[:, sh[0]] = [0.3, -1.0, 2.0, 0.0, 0.5, 1.2]
+    q[:, sh[1]] = [np.pi / 2, -np.pi / 2, np.pi / 2 - 1e-9, -np.pi / 2 + 1e-5, np.pi / 2, np.pi / 2 - 1e-3]
+    q[:, sh[2]] = [0.1, 0.4, -2.5, 1.0, 0.0, -0.7]
+    st = mapper.to_skeleton_state(q)
+    for res in (mapper.to_articulation_coordinates(st), mapper.to_articulation_motion(_motion(mapper, q, 10.0))):
+        qq = res.q if isinstance(res, CoordinatesResult) else res.motion.q.astype(np.float64)
+        _, r0 = forward_kinematics(layout, q)
+        _, r1 = forward_kinematics(layout, qq)
+        assert R.quat_angle_between(r0, r1).max() < 2e-6
+
+
+# -- limits ------------------------------------------------------------------------------------------
+
+
+def test_clamping_reports_the_exact_amount(synth):
+    _, layout = synth
+    mapper = ArticulationMotionMapper(layout)
+    h1 = layout.block("h1")  # single hinge, +-60 deg
+    lo, hi = h1.limits
+    q = np.tile(layout.neutral(), (4, 1))
+    q[:, layout.block("off").q_offset] = 3.0  # its ref (0) is outside its limits (30..310 deg)
+    q[:, h1.q_offset] = [hi + 0.3, lo - 0.2, 0.5 * hi, hi + 1e-3]
+    motion = _motion(mapper, q, 20.0)
+    free = mapper.to_articulation_motion(motion)
+    np.testing.assert_allclose(free.motion.q[:, h1.q_offset], q[:, h1.q_offset], atol=1e-6)
+    assert not free.clamped.any() and free.residual_angles.max() < 1e-6
+    out = mapper.to_articulation_motion(motion, clamp_to_limits=True)
+    expected = np.clip(q[:, h1.q_offset], lo, hi) - q[:, h1.q_offset]
+    np.testing.assert_allclose(out.clamped[:, h1.qd_offset], expected, atol=1e-6)
+    others = np.delete(out.clamped, h1.qd_offset, axis=1)
+    assert not others.any()
+    np.testing.assert_allclose(out.motion.q[:, h1.q_offset], np.clip(q[:, h1.q_offset], lo, hi), atol=1e-6)
+    b = h1.body_index
+    np.testing.assert_allclose(out.residual_angles[:, b], np.abs(expected), atol=1e-6)
+    assert out.motion.metadata["mapper"]["clamp_to_limits"] is True
+    # states too
+    st = mapper.to_articulation_coordinates(mapper.to_skeleton_state(q), clamp_to_limits=True)
+    np.testing.assert_allclose(st.clamped[:, h1.qd_offset], expected, atol=1e-9)
+
+
+def test_clamping_a_triplet_recomputes_its_residual():
+    layout = _layout("mjcf/dm_control/humanoid_CMU.xml")
+    mapper = ArticulationMotionMapper(layout)
+    blocks = _hinge_blocks(layout, layout.body_index("lfemur"))
+    q = np.tile(layout.neutral(), (3, 1))
+    for blk, v in zip(blocks, (0.2, 0.1, 0.0)):
+        q[:, blk.q_offset] = v
+    over = blocks[0]
+    q[:, over.q_offset] = over.limits[1] + np.array([0.0, 0.05, 0.2])
+    res = mapper.to_articulation_coordinates(mapper.to_skeleton_state(q), clamp_to_limits=True)
+    np.testing.assert_allclose(res.clamped[:, over.qd_offset], [0.0, -0.05, -0.2], atol=1e-9)
+    b = over.body_index
+    want = R.quat_multiply(
+        R.quat_conjugate(layout.rest_rotations_wxyz[b]), mapper.to_skeleton_state(q).local_rotation[:, b]
+    )
+    got = np.array([_chain([blk.axis for blk in blocks], [res.q[i, blk.q_offset] for blk in blocks]) for i in range(3)])
+    np.testing.assert_allclose(res.residual_angles[:, b], R.quat_angle_between(got, want), atol=1e-9)
+    np.testing.assert_allclose(res.residual_angles[:, b], [0.0, 0.05, 0.2], atol=1e-9)  # one axis moved
+
+
+def test_limited_hinge_is_shifted_into_its_limits_and_unlimited_spins_unwrap(synth):
+    _, layout = synth
+    mapper = ArticulationMotionMapper(layout)
+    off, spin = layout.block("off"), layout.block("spin")  # limits 30..310 deg; unlimited
+    n = 600
+    t = np.arange(n) / 60.0
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, off.q_offset] = 4.5 + 0.8 * np.sin(2 * t)  # beyond pi: wrapped values would leave the limits
+    q[:, spin.q_offset] = 0.2 + 7.0 * t  # ~11 turns
+    res = mapper.to_articulation_motion(_motion(mapper, q, 60.0))
+    got = res.motion.q.astype(np.float64)
+    np.testing.assert_allclose(got[:, off.q_offset], q[:, off.q_offset], atol=2e-5)
+    np.testing.assert_allclose(got[:, spin.q_offset], q[:, spin.q_offset], atol=2e-5)  # frame 0 within pi of ref
+    assert np.abs(np.diff(got[:, spin.q_offset])).max() < 7.0 / 60.0 + 1e-4
+    # a single state lands within pi of the middle of the limits
+    st = mapper.to_articulation_coordinates(mapper.to_skeleton_state(q[:5]))
+    np.testing.assert_allclose(st.q[:, off.q_offset], q[:5, off.q_offset], atol=1e-9)
+
+
+# -- velocities ---------------------------------------------------------------------------------------
+
+
+def _synthetic_trajectory(layout, fps, seconds=2.0, *, amp=0.5):
+    """q(t) and analytic qd(t): root translation + constant world spin, balls spinning at constant
+    parent-frame rates, hinges sin waves."""
+    t = np.arange(int(seconds * fps) + 1) / fps
+    n = len(t)
+    q = np.tile(layout.neutral(), (n, 1))
+    qd = np.zeros((n, layout.nv))
+    rng = np.random.default_rng(7)
+    for b in layout.blocks:
+        qo, vo = b.q_offset, b.qd_offset
+        if b.joint_type is JointType.FREE:
+            q[:, qo] = np.sin(t)
+            q[:, qo + 1] = np.cos(2 * t)
+            q[:, qo + 2] = 1.0 + 0.1 * t
+            qd[:, vo : vo + 3] = np.stack([np.cos(t), -2 * np.sin(2 * t), np.full(n, 0.1)], -1)
+            w = np.array([0.3, -0.2, 0.5])
+            q0 = R.quat_normalize(np.array([0.9, 0.1, -0.3, 0.2]))
+            q[:, qo + 3 : qo + 7] = R.quat_multiply(R.quat_from_rotvec(np.outer(t, w)), q0)
+            qd[:, vo + 3 : vo + 6] = w
+        elif b.joint_type is JointType.BALL:
+            w = rng.normal(size=3)
+            q[:, qo : qo + 4] = R.quat_multiply(
+                R.quat_from_rotvec(np.outer(t, w)), R.quat_normalize(rng.normal(size=4))
+            )
+            qd[:, vo : vo + 3] = w
+        elif b.joint_type is JointType.HINGE:
+            f, ph = rng.uniform(0.5, 2.0), rng.uniform(0, 6)
+            lo, hi = b.limits if b.limits is not None else (-np.inf, np.inf)
+            mid = 0.5 * (lo + hi) if np.isfinite(lo + hi) else b.ref
+            a = min(amp, 0.45 * (hi - lo)) if np.isfinite(hi - lo) else amp
+            q[:, qo] = mid + a * np.sin(f * t + ph)
+            qd[:, vo] = a * f * np.cos(f * t + ph)
+    return q, qd
+
+
+@pytest.mark.parametrize("rel", ["mjcf/mujoco/humanoid.xml", "mjcf/dm_control/model_with_ball_joints.xml"])
+def test_qd_matches_analytic_derivative_and_integrates_to_the_next_frame(rel):
+    layout = _layout(rel)
+    mapper = ArticulationMotionMapper(layout)
+    errs = []
+    for fps in (100.0, 200.0):
+        q, qd_true = _synthetic_trajectory(layout, fps)
+        st = mapper.to_skeleton_state(q)
+        sm = SkeletonMotion(mapper.skeleton_tree, st.root_translation, st.local_rotation, fps, st.local_translation)
+        res = mapper.to_articulation_motion(sm)
+        qd = res.motion.qd.astype(np.float64)
+        np.testing.assert_allclose(qd[1:-1], qd_true[1:-1], atol=2e-3)  # central: O(dt^2)
+        np.testing.assert_allclose(qd[[0, -1]], qd_true[[0, -1]], atol=0.06)  # one-sided: O(dt)
+        # exactly the layout's central differences of the mapped q
+        qm = res.motion.q.astype(np.float64)
+        np.testing.assert_allclose(qd[5], layout.difference(qm[6], qm[4], 2.0 / fps), atol=1e-4)
+        # integrate(q, qd, dt) reaches the next frame to first order
+        nxt = layout.integrate(qm[:-1], qd[:-1], 1.0 / fps)
+        errs.append(np.abs(layout.difference(nxt, qm[1:], 1.0)).max())
+    assert errs[0] < 5e-4
+    assert errs[1] < max(errs[0] / 3.0, 2e-6)  # error O(dt^2), down to float32 round-off
+
+
+def test_single_frame_motion_has_zero_velocity():
+    layout = _layout("mjcf/dm_control/model_with_ball_joints.xml")
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(8), 1)
+    res = mapper.to_articulation_motion(_motion(mapper, q, 30.0))
+    assert res.motion.qd.shape == (1, layout.nv) and not res.motion.qd.any()
+
+
+# -- continuity ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ["mjcf/protomotions/smpl_humanoid.xml", "mjcf/dm_control/humanoid_CMU.xml"])
+def test_long_motion_with_full_turns_and_gimbal_crossings_stays_continuous(rel):
+    """Triplet first/third angles turn several times, middle angles cross +-pi/2 (the two Davenport
+    branches meet there); the mapped q equals the generating q up to one 2 pi multiple per hinge."""
+    layout = _layout(rel, free_root=True)
+    mapper = ArticulationMotionMapper(layout)
+    fps, n = 60.0, 3000
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(9)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))  # root spins
+    for b in range(layout.num_bodies):
+        blocks = _hinge_blocks(layout, b)
+        for i, blk in enumerate(blocks):
+            if len(blocks) == 3 and i == 1:
+                q[:, blk.q_offset] = rng.uniform(0.5, 1.8) * np.sin(rng.uniform(0.3, 1.0) * t)
+            else:
+                q[:, blk.q_offset] = rng.uniform(-2.0, 2.0) * t + rng.uniform(-3, 3)
+    res = mapper.to_articulation_motion(_motion(mapper, q, fps))
+    got = res.motion.q.astype(np.float64)
+    assert res.residual_angles.max() < 1e-5
+    hinge = [b.q_offset for b in layout.blocks if b.joint_type is JointType.HINGE]
+    for b in range(layout.num_bodies):
+        blocks = _hinge_blocks(layout, b)
+        cols = [blk.q_offset for blk in blocks]
+        if not cols:
+            continue
+        candidates = [q[:, cols]]
+        if len(blocks) == 3:  # the other Davenport branch, followed continuously: (t1 + pi, 2 phi - t2, t3 + pi)
+            a1, a2, a3 = (np.asarray(blk.axis) for blk in blocks)
+            phi = np.arctan2(a1 @ np.cross(a2, a3), a1 @ a3)
+            candidates.append(q[:, cols] + [np.pi, 0.0, np.pi])
+            candidates[-1][:, 1] = 2 * phi - q[:, cols[1]]
+        # the mapped path is one of them, up to one constant 2 pi multiple per hinge
+        ok = []
+        for c in candidates:
+            d = got[:, cols] - c
+            ok.append(
+                np.abs(d - d[0]).max() < 5e-4 and np.abs(d[0] - 2 * np.pi * np.rint(d[0] / (2 * np.pi))).max() < 1e-4
+            )
+        assert any(ok), layout.body_names[b]
+    jumps = np.abs(np.diff(got[:, hinge], axis=0)).max(axis=0)
+    assert np.all(jumps <= np.abs(np.diff(q[:, hinge], axis=0)).max(axis=0) + 1e-4)
+    # root quaternion: sign-continuous
+    quat = got[:, 3:7]
+    assert np.all(np.sum(quat[1:] * quat[:-1], axis=-1) > 0.99)
+
+
+def test_ball_joints_are_hemisphere_continuous():
+    layout = _layout("mjcf/dm_control/model_with_ball_joints.xml")
+    mapper = ArticulationMotionMapper(layout)
+    q, _ = _synthetic_trajectory(layout, 30.0, seconds=20.0)  # several full turns of every ball
+    res = mapper.to_articulation_motion(_motion(mapper, q, 30.0))
+    for b in layout.blocks:
+        if b.joint_type is JointType.BALL:
+            quat = res.motion.q[:, b.q_slice].astype(np.float64)
+            assert quat[0, 0] >= 0
+            assert np.all(np.sum(quat[1:] * quat[:-1], axis=-1) > 0.9)
+            assert R.quat_angle_between(quat, q[:, b.q_slice]).max() < 1e-5
+
+
+# -- free_root=False, prismatic, bad input --------------------------------------------------------------
+
+
+def test_fixed_root_reports_the_root_residual():
+    layout = _layout("mjcf/unitree/g1_29dof.nomesh.xml", free_root=False)
+    mapper = ArticulationMotionMapper(layout)
+    q = _random_q(layout, np.random.default_rng(10), 4)
+    st = mapper.to_skeleton_state(q)
+    local = np.array(st.local_rotation, copy=True)
+    tilt = R.quat_from_axis_angle(np.array([0.0, 1.0, 0.0]), np.array([0.0, 0.1, 0.5, 1.0]))
+    local[:, 0] = R.quat_multiply(tilt, local[:, 0])
+    res = mapper.to_articulation_coordinates(SkeletonState(mapper.skeleton_tree, st.root_translation + 1.0, local))
+    np.testing.assert_allclose(res.residual_angles[:, 0], [0.0, 0.1, 0.5, 1.0], atol=1e-12)
+    np.testing.assert_allclose(res.q, q, atol=1e-12)  # the root translation is not represented either
+
+
+def test_prismatic_joints_map_to_ref_and_refuse_skeleton_output():
+    layout = _layout("mjcf/dm_control/cartpole.xml")
+    mapper = ArticulationMotionMapper(layout)
+    slide = next(b for b in layout.blocks if b.joint_type is JointType.SLIDE)
+    state = SkeletonState.zero_pose(mapper.skeleton_tree)
+    res = mapper.to_articulation_coordinates(state)
+    assert res.q[slide.q_offset] == slide.ref
+    with pytest.raises(MotionError, match=slide.joint_name):
+        mapper.to_skeleton_state(layout.neutral())
+    motion = ArticulationMotion(
+        np.tile(layout.neutral(), (3, 1)), np.zeros((3, layout.nv)), 30.0, layout.model_signature
+    )
+    with pytest.raises(MotionError, match=slide.joint_name):
+        mapper.to_skeleton_motion(motion)
+
+
+def test_bad_input_is_refused_with_clear_errors():
+    layout = _layout("mjcf/dm_control/humanoid_CMU.xml")
+    mapper = ArticulationMotionMapper(layout)
+    tree = mapper.skeleton_tree
+    names = list(tree.node_names)
+    renamed = SkeletonTree(tuple(["pelvs"] + names[1:]), tree.parent_indices, tree.local_translation)
+    with pytest.raises(UnknownNameError, match="pelvs") as err:
+        mapper.to_articulation_coordinates(SkeletonState.zero_pose(renamed))
+    assert names[0] in str(err.value)
+    swapped = names[:]
+    swapped[-1], swapped[-2] = swapped[-2], swapped[-1]
+    parents = np.array(tree.parent_indices)
+    reordered = SkeletonTree(tuple(swapped), parents, tree.local_translation)
+    with pytest.raises(LayoutMismatch, match="order"):
+        mapper.to_articulation_coordinates(SkeletonState.zero_pose(reordered))
+    other_parent = parents.copy()
+    other_parent[-1] = 0
+    with pytest.raises(LayoutMismatch, match="parents"):
+        mapper.to_articulation_coordinates(
+            SkeletonState.zero_pose(SkeletonTree(tree.node_names, other_parent, tree.local_translation))
+        )
+    scaled = SkeletonTree(tree.node_names, parents, tree.local_translation * 1.3)
+    with pytest.warns(SkeletonOffsetWarning):
+        res = mapper.to_articulation_coordinates(SkeletonState.zero_pose(scaled))
+    assert res.residual_angles.max() < 1e-12
+    with pytest.raises(ShapeError):
+        mapper.to_articulation_motion(SkeletonState.zero_pose(tree))
+    other = ArticulationCoordinateLayout.from_data(
+        data=MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"), order="BFS")
+    )
+    motion = ArticulationMotion(np.tile(other.neutral(), (2, 1)), np.zeros((2, other.nv)), 30.0, other.model_signature)
+    with pytest.raises(LayoutMismatch):
+        mapper.to_skeleton_motion(motion)
+    with pytest.raises(ShapeError):
+        ArticulationMotionMapper("not a layout")
