@@ -470,6 +470,23 @@ def test_cuda_matches_cpu(amp):  # pragma: no cover - runs where a GPU exists
     )
 
 
+def test_cpu_and_gpu_strategies_agree():
+    """The CPU-only tricks (GEMV norms, GEMM offsets) give what the generic (GPU) path gives."""
+    from kangengine.animation.library import _add_offsets_, _normalize_quats_
+
+    rows = torch.randn(300, 13 * 24, dtype=torch.float64)
+    a, b = rows.clone(), rows.clone()
+    _normalize_quats_(a[:, 72:168], torch.ones(4, dtype=torch.float64))
+    _normalize_quats_(b[:, 72:168])
+    assert torch.allclose(a, b, atol=1e-15) and torch.allclose(
+        a[:, 72:168].unflatten(1, (24, 4)).norm(dim=-1), torch.ones(300, 24, dtype=torch.float64)
+    )
+    off = torch.randn(300, 3, dtype=torch.float64)
+    _add_offsets_(a[:, :72], off, torch.eye(3, dtype=torch.float64).repeat(1, 24))
+    _add_offsets_(b[:, :72], off)
+    assert torch.allclose(a, b, atol=1e-14)
+
+
 def test_sample_path_never_reads_tensors_back_to_the_host(lib, monkeypatch):
     """What would synchronise with a GPU (item, tolist, numpy, bool, cpu) is never called on the hot path."""
     ids = torch.tensor([0, 1, 2, 1])

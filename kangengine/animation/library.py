@@ -344,6 +344,33 @@ def _packed_velocities(p, q, start, count, fps):
     return lin, ang
 
 
+def _normalize_quats_(quats, ones4=None) -> None:
+    """Normalise ``quats [n, 4 k]`` (k WXYZ quaternions per row, possibly a strided view) in place.
+
+    With ``ones4`` (a ``[4]`` tensor of ones, the CPU strategy): a reduction or broadcast over an inner
+    dimension of 4 is slow in torch on the CPU, so the squared norms come from one matrix-vector product
+    and the scale is expanded before one flat multiply. Without it (GPU): ``vector_norm`` and a broadcast
+    divide, two kernels."""
+    import torch
+
+    n, k4 = quats.shape
+    if ones4 is not None and n > 0:
+        inv = torch.matmul(quats.square().view(n * (k4 // 4), 4), ones4).rsqrt_()
+        quats.mul_(inv.view(n, k4 // 4).repeat_interleave(4, dim=1))
+    else:
+        q = quats.unflatten(1, (k4 // 4, 4))
+        q.div_(torch.linalg.vector_norm(q, dim=-1, keepdim=True))
+
+
+def _add_offsets_(positions, offsets, tile3=None) -> None:
+    """``positions [n, 3 k] += offsets [n, 3]`` for each of the k bodies; with ``tile3`` (``[3, 3 k]``, k
+    identity blocks side by side, the CPU strategy) as one small GEMM, else as a broadcast add."""
+    if tile3 is not None:
+        positions.addmm_(offsets, tile3)
+    else:
+        positions.unflatten(1, (-1, 3)).add_(offsets[:, None, :])
+
+
 def _loop_displacement(root_positions):
     d = root_positions[-1] - root_positions[0]
     return np.array([d[0], d[1], 0.0])
@@ -1021,27 +1048,12 @@ class MotionLibrary:
             self._normalize_(out[:, quat_cols])
 
     def _normalize_(self, quats) -> None:
-        """Normalise ``quats [n, 4 k]`` (k WXYZ quaternions per row, a strided view) in place.
-
-        On the CPU a reduction or broadcast over an inner dimension of 4 is slow in torch, so the squared
-        norms come from one matrix-vector product and the scale is expanded before one flat multiply."""
-        import torch
-
-        n, k4 = quats.shape
-        if quats.device.type == "cpu" and n > 0:
-            ones = self._consts(quats)["ones4"]
-            inv = torch.matmul(quats.square().view(n * (k4 // 4), 4), ones).rsqrt_()
-            quats.mul_(inv.view(n, k4 // 4).repeat_interleave(4, dim=1))
-        else:
-            q = quats.unflatten(1, (k4 // 4, 4))
-            q.div_(torch.linalg.vector_norm(q, dim=-1, keepdim=True))
+        cpu = quats.device.type == "cpu"
+        _normalize_quats_(quats, self._consts(quats)["ones4"] if cpu else None)
 
     def _add_offsets_(self, positions, offsets) -> None:
-        """``positions [n, 3 k] += offsets [n, 3]`` for each of the k bodies (CPU: one small GEMM)."""
-        if positions.device.type == "cpu":
-            positions.addmm_(offsets, self._consts(positions)["tile3"])
-        else:
-            positions.unflatten(1, (-1, 3)).add_(offsets[:, None, :])
+        cpu = positions.device.type == "cpu"
+        _add_offsets_(positions, offsets, self._consts(positions)["tile3"] if cpu else None)
 
     def _consts(self, like) -> dict:
         import torch
