@@ -304,8 +304,9 @@ def load_fbx(
         translation differs from its rest. ``metadata``: ``source_file``, ``source_format="fbx"``,
         ``take``, ``takes``, ``ticks_per_second``, ``key_fps``, ``start_time_s``, ``unit_scale_factor``
         (cm per scene unit), ``scale`` (metres per scene unit applied), ``source_units``, ``up_axis``,
-        ``root``, ``folded_ancestors``, ``skipped_nodes`` (mesh nodes), ``original_names``,
-        ``assimp_version``.
+        ``root``, ``folded_ancestors`` (nodes above the root), ``folded_scale`` (scale of the root's world
+        matrix per axis), ``skipped_nodes`` (mesh nodes), ``original_names``, ``assimp_version``,
+        ``frames_from_keys`` (``fps`` not given).
 
     Raises:
         FileMissingError, MissingDependencyError (pyassimp or libassimp missing), FormatError (assimp
@@ -319,7 +320,10 @@ def load_fbx(
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
-    scale = float(scale)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        scale = float("nan")
     if not (math.isfinite(scale) and scale > 0):
         raise FormatError(f"scale {scale}; expected a multiplier > 0", item="scale")
     scene = _Scene(p)
