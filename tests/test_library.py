@@ -768,6 +768,17 @@ def test_bad_libraries(amp):
         MotionLibrary(amp, dtype=torch.float16)
 
 
+def test_single_frame_clip(amp):
+    still = amp[0][10:11]
+    lb = MotionLibrary([still, amp[1]], precompute_kinematics=True)
+    assert float(lb.clip_duration[0]) == 0.0
+    s = lb.sample([0, 0, 0], [0.0, 0.7, 12.3], loop=True)
+    exact = lb.sample_frames([0], [0])
+    assert torch.allclose(s.rows, exact.rows.expand(3, -1), atol=1e-6) and (s.loop_offsets == 0).all()
+    assert (s.root_linear_velocities == 0).all() and (lb.sample_kinematics(s).body_angular_velocities == 0).all()
+    assert (lb.sample_times([0, 0]) == 0).all()
+
+
 def test_float64_library(amp):
     lb = MotionLibrary(amp, dtype=torch.float64, precompute_kinematics=True)
     s = lb.sample([0, 2], [0.3, 1.0])
