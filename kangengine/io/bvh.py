@@ -308,7 +308,8 @@ def _normalise(text):
 
 
 def _split_file(data: bytes, path):
-    """Split LF-normalised bytes into (hierarchy text, {frames, frame_time}: (token, line), rows, first row line)."""
+    """Split LF-normalised bytes into (hierarchy text, {frames, frame_time}: (token, line), offset of the rows,
+    line number of the first row)."""
     m = _MOTION_RE.search(data)
     if m is None:
         header = data.decode("utf-8", errors="replace")
@@ -346,7 +347,7 @@ def _split_file(data: bytes, path):
             )
         fields[key] = (mm.group(1).decode("utf-8", "replace"), line_no)
         line_no += 1
-    return header, fields, data[pos:], line_no
+    return header, fields, pos, line_no
 
 
 def _diagnose_rows(body: bytes, first_line: int, nch: int, path):
@@ -380,24 +381,33 @@ def _row_line(body: bytes, first_line: int, row: int) -> int:
     return first_line + row
 
 
-def _parse_rows(body: bytes, first_line: int, nch: int, path, dtype=np.float64) -> np.ndarray:
-    if not body.strip():
+_NON_SPACE = re.compile(rb"\S")
+
+
+def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=np.float64) -> np.ndarray:
+    """The motion rows ``data[start:]`` as a ``[frames, nch]`` array (one ``numpy.loadtxt`` call, no copy of the
+    text); the slow diagnosis runs only when that fails."""
+    if _NON_SPACE.search(data, start) is None:
         raise FormatError(
             "the motion has zero frames; expected at least one row of values", path=path, item=f"line {first_line}"
         )
+    body = memoryview(data)[start:]  # for the error paths only
     if nch == 0:
+        body = bytes(body)
         rows = sum(1 for line in body.split(b"\n") if line.strip())
         _diagnose_rows(body, first_line, 0, path)
         return np.zeros((rows, 0))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            values = np.loadtxt(io.BytesIO(body), dtype=dtype, comments=None, ndmin=2)
+            stream = io.BytesIO(data)  # shares the bytes object; no copy
+            stream.seek(start)
+            values = np.loadtxt(stream, dtype=dtype, comments=None, ndmin=2)
     except ValueError as exc:
-        _diagnose_rows(body, first_line, nch, path)
+        _diagnose_rows(bytes(body), first_line, nch, path)
         raise FormatError(f"unreadable motion rows ({exc})", path=path, item=f"line {first_line}") from exc
     if values.shape[1] != nch:
-        _diagnose_rows(body, first_line, nch, path)
+        _diagnose_rows(bytes(body), first_line, nch, path)
         raise FormatError(f"{values.shape[1]} values per row; expected {nch}", path=path, item=f"line {first_line}")
     finite = np.isfinite(values)
     if not finite.all():
@@ -405,7 +415,7 @@ def _parse_rows(body: bytes, first_line: int, nch: int, path, dtype=np.float64) 
         raise FormatError(
             f"value {c + 1} is {values[r, c]}; expected finite numbers",
             path=path,
-            item=f"line {_row_line(body, first_line, int(r))}",
+            item=f"line {_row_line(bytes(body), first_line, int(r))}",
         )
     return values
 
@@ -455,6 +465,32 @@ def _euler_deg_to_quat(angles_deg: np.ndarray, order: str, out_axes: dict[str, i
     return q
 
 
+_EULER_CHUNK = 512
+_EVEN = {(0, 1, 2), (1, 2, 0), (2, 0, 1)}
+
+
+def _euler3_deg_to_quat(angles_deg: np.ndarray, order: str, out_axes: dict[str, int]) -> np.ndarray:
+    """WXYZ ``[..., 4]`` of ``R = R_a(alpha) @ R_b(beta) @ R_c(gamma)`` for three distinct axes (closed form).
+
+    ``angles_deg``: ``[..., 3]`` degrees in ``order``; ``out_axes`` maps file axis letters to output axes. With
+    ``e = +1`` for an even permutation of (x, y, z) and -1 for an odd one:
+    ``w = ca cb cc - e sa sb sc``, ``v_a = sa cb cc + e ca sb sc``, ``v_b = ca sb cc - e sa cb sc``,
+    ``v_c = ca cb sc + e sa sb cc`` (half angles)."""
+    a, b, c = (out_axes[o] for o in order)
+    e = 1.0 if (a, b, c) in _EVEN else -1.0
+    half = angles_deg * np.asarray(math.pi / 360.0, dtype=angles_deg.dtype)
+    cs, sn = np.cos(half), np.sin(half)
+    ca, cb, cc = cs[..., 0], cs[..., 1], cs[..., 2]
+    sa, sb, sc = sn[..., 0], sn[..., 1], sn[..., 2]
+    cbcc, sbsc, sbcc, cbsc = cb * cc, sb * sc, sb * cc, cb * sc
+    out = np.empty(ca.shape + (4,), dtype=angles_deg.dtype)
+    out[..., 0] = ca * cbcc - e * (sa * sbsc)
+    out[..., 1 + a] = sa * cbcc + e * (ca * sbsc)
+    out[..., 1 + b] = ca * sbcc - e * (sa * cbsc)
+    out[..., 1 + c] = ca * cbsc + e * (sa * sbcc)
+    return out
+
+
 class _Layout:
     """Where each channel of each node lives in a motion row."""
 
@@ -487,12 +523,19 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
     nn = len(nodes)
     rot = np.empty((nf, nn, 4), dtype=rot_dtype)
     rot[...] = (1.0, 0.0, 0.0, 0.0)
-    for order, (idx, cols) in layout.rot_groups.items():
-        # k arrays [F, J] (each one gather); float32 trig is SIMD-vectorised (~40x faster than float64 here)
-        cols = np.asarray(cols)
-        ang = np.stack([values[:, cols[:, k]] for k in range(len(order))]).astype(rot_dtype, copy=False)
-        comps = _euler_deg_to_quat(ang, order, out_axes)
-        rot[:, idx] = np.stack([np.zeros_like(ang[0]) if c is None else c for c in comps], axis=-1)
+    groups = [(order, np.asarray(idx), np.asarray(cols)) for order, (idx, cols) in layout.rot_groups.items()]
+    for s0 in range(0, nf, _EULER_CHUNK):  # chunks of frames keep the temporaries in cache
+        v = values[s0 : s0 + _EULER_CHUNK]
+        for order, idx, cols in groups:
+            # float32 trig is SIMD-vectorised (~40x faster than float64 here)
+            ang = v[:, cols].astype(rot_dtype, copy=False)  # [n, J, k] degrees
+            if len(order) == 3:
+                rot[s0 : s0 + _EULER_CHUNK, idx] = _euler3_deg_to_quat(ang, order, out_axes)
+            else:
+                comps = _euler_deg_to_quat(np.moveaxis(ang, -1, 0), order, out_axes)
+                rot[s0 : s0 + _EULER_CHUNK, idx] = np.stack(
+                    [np.zeros_like(ang[..., 0]) if c is None else c for c in comps], axis=-1
+                )
     lt = None
     root_t = np.broadcast_to(offsets[0], (nf, 3))
     if any(i != 0 for i, _ in layout.pos_nodes):
@@ -613,7 +656,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     data = _normalise(_read_bytes(path))
     if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
         data = data[3:]
-    header, fields, body, first_line = _split_file(data, path)
+    header, fields, rows_at, first_line = _split_file(data, path)
     nodes = _parse_hierarchy(header, path)
     layout = _Layout(nodes)
 
@@ -635,7 +678,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
-    values = _parse_rows(body, first_line, layout.num_channels, path, dtype)
+    values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype)
     nf = values.shape[0]
     if nf != header_frames:
         warnings.warn(
