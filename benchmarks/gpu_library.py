@@ -72,13 +72,14 @@ def main():
         times = lib.sample_times(ids, generator=gen) * 1.5
         times32 = times.float()
         out = lib.sample(ids, times)
+        kout = lib.sample_kinematics(out)
 
         def sample_only(ids=ids, times=times, out=out):
             return lib.sample(ids, times, check=False, out=out)
 
-        def ours(ids=ids, times=times, out=out):
+        def ours(ids=ids, times=times, out=out, kout=kout):
             s = lib.sample(ids, times, check=False, out=out)
-            return s, lib.sample_kinematics(s)
+            return s, lib.sample_kinematics(s, out=kout)
 
         def baseline(ids=ids, times32=times32):
             return base.get_motion_state(ids, times32)

@@ -447,6 +447,16 @@ def test_to_device_and_out_buffers(lib):
     assert keep.rows.data_ptr() != s2.rows.data_ptr() and torch.equal(keep.rows, lib.sample(ids, t * 0.5).rows)
     with pytest.raises(ShapeError, match="out"):
         lib.sample(ids[:2], t[:2], out=s1)
+    k1 = lib.sample_kinematics(s1)
+    k2 = lib.sample_kinematics(lib.sample(ids, t * 0.25), out=k1)
+    assert k2.rows.data_ptr() == k1.rows.data_ptr()
+    assert torch.equal(k2.rows, lib.sample_kinematics(lib.sample(ids, t * 0.25)).rows)
+    assert torch.equal(
+        lib.sample_kinematics(lib.sample_frames(ids, 3), out=k1).rows,
+        lib.sample_kinematics(lib.sample_frames(ids, 3)).rows,
+    )
+    with pytest.raises(ShapeError, match="out"):
+        lib.sample_kinematics(lib.sample(ids[:2], t[:2]), out=k1)
     # inputs: lists, numpy int32, torch int32, float32 times, scalar broadcast either way
     a = lib.sample([0, 1], [0.25, 0.25])
     assert torch.equal(lib.sample(0, [0.1, 0.2]).rows, lib.sample([0, 0], [0.1, 0.2]).rows)

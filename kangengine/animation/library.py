@@ -197,12 +197,15 @@ class BodyState:
         body_linear_velocities: ``[n, B, 3]`` m/s, world (``None`` from
             :meth:`MotionLibrary.forward_kinematics`).
         body_angular_velocities: ``[n, B, 3]`` rad/s, world (``None`` from ``forward_kinematics``).
+        rows: ``[n, 13 B]`` the buffer the fields of :meth:`MotionLibrary.sample_kinematics` view (positions,
+            rotations, linear and angular velocities, body-major), or ``None``.
     """
 
     body_positions: Any
     body_rotations_wxyz: Any
     body_linear_velocities: Any = None
     body_angular_velocities: Any = None
+    rows: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -404,6 +407,9 @@ class MotionLibrary:
         dtype: ``torch.float32`` (default) or ``torch.float64`` for every stored float.
         interpolation: :class:`Interpolation` (``"nlerp"`` default, or ``"slerp"``).
 
+    A library reuses internal scratch buffers between calls: sample from one thread at a time (or one
+    library per thread).
+
     Raises:
         MotionError: no motions, a motion of another type, prismatic joints, bad weights.
         MixedSkeletonError: clips on different skeletons.
@@ -445,6 +451,7 @@ class MotionLibrary:
         self._frames = self._kin = self._backend = None
         self._backend_fields: list[tuple[str, tuple[int, ...]]] | None = None
         self._const_cache: dict = {}
+        self._scratch_cache: dict = {}
         self._host = {
             "count": np.zeros(0, np.int64),
             "start": np.zeros(0, np.int64),
@@ -669,6 +676,7 @@ class MotionLibrary:
             backend_t = torch.from_numpy(backend).to(dev)
             self._backend = backend_t if self._backend is None else torch.cat([self._backend, backend_t])
         self._frames, self._kin, self._cols = frames_t, kin_t, cols
+        self._scratch_cache.clear()
 
         h = self._host
         h["count"] = np.concatenate([h["count"], counts])
@@ -786,6 +794,7 @@ class MotionLibrary:
         import torch
 
         self.device = torch.device(device)
+        self._scratch_cache.clear()
         self._frames = self._frames.to(self.device)
         self._kin = None if self._kin is None else self._kin.to(self.device)
         self._backend = None if self._backend is None else self._backend.to(self.device)
@@ -1038,7 +1047,8 @@ class MotionLibrary:
         import torch
 
         torch.index_select(table, 0, frame0, out=out)
-        r1 = table.index_select(0, frame1)
+        r1 = self._scratch(table, frame1.shape[0])
+        torch.index_select(table, 0, frame1, out=r1)
         if self.interpolation is Interpolation.SLERP:
             q = R.quat_slerp(out[:, quat_cols].unflatten(1, (-1, 4)), r1[:, quat_cols].unflatten(1, (-1, 4)), w)
             out.lerp_(r1, w)
@@ -1046,6 +1056,20 @@ class MotionLibrary:
         else:
             out.lerp_(r1, w)
             self._normalize_(out[:, quat_cols])
+
+    def _scratch(self, table, n: int):
+        """A reused ``[n, width]`` buffer for the frame1 rows of ``table`` (large fresh buffers would be
+        page-faulted in on every call on the CPU). Not shared between threads: see the class docstring."""
+        import torch
+
+        key = (table.data_ptr(), tuple(table.shape), n)
+        buf = self._scratch_cache.get(key)
+        if buf is None:
+            if len(self._scratch_cache) >= 8:
+                self._scratch_cache.clear()
+            buf = torch.empty((n, table.shape[1]), dtype=table.dtype, device=table.device)
+            self._scratch_cache[key] = buf
+        return buf
 
     def _normalize_(self, quats) -> None:
         cpu = quats.device.type == "cpu"
@@ -1078,7 +1102,7 @@ class MotionLibrary:
         )
         return BodyState(body_positions=p, body_rotations_wxyz=r)
 
-    def sample_kinematics(self, sample: MotionSample) -> BodyState:
+    def sample_kinematics(self, sample: MotionSample, *, out: BodyState | None = None) -> BodyState:
         """World body state of ``sample`` from the precomputed per-frame kinematics (needs
         ``precompute_kinematics=True``): positions lerp (plus the sample's loop offset), rotations nlerp (or
         slerp), velocities lerp, between the sample's two stored frames.
@@ -1086,6 +1110,9 @@ class MotionLibrary:
         At stored frames it equals :meth:`forward_kinematics` of the same sample (to float round-off);
         between frames it blends body transforms instead of local rotations, which differs from
         ``forward_kinematics`` by the second-order interpolation error (see ``docs/library.md``).
+
+        ``out``: a previous result of ``sample_kinematics`` with the same ``n``, whose row buffer is
+        overwritten in place (as ``out`` of :meth:`sample`).
         """
         import torch
 
@@ -1097,15 +1124,31 @@ class MotionLibrary:
             )
         b = self.num_bodies
         n = sample.frame0.shape[0]
-        if not sample.interpolated:
-            rows = self._kin.index_select(0, sample.frame0)
+        if out is not None:
+            rows = out.rows
+            if (
+                rows is None
+                or tuple(rows.shape) != (n, 13 * b)
+                or rows.dtype != self.dtype
+                or rows.device != self.device
+            ):
+                raise ShapeError(
+                    f"out holds rows {None if rows is None else tuple(rows.shape)}; expected ({n}, {13 * b}) "
+                    f"{self.dtype} on {self.device}",
+                    item="out",
+                )
         else:
             rows = torch.empty((n, 13 * b), dtype=self.dtype, device=self.device)
+        if not sample.interpolated:
+            torch.index_select(self._kin, 0, sample.frame0, out=rows)
+        else:
             self._blend_rows(self._kin, sample.frame0, sample.frame1, sample.blend[:, None], rows, slice(3 * b, 7 * b))
         if sample.loop_offsets is not None:
             self._add_offsets_(rows[:, 0 : 3 * b], sample.loop_offsets)
         p, r, v, w = _kin_views(rows, b)
-        return BodyState(body_positions=p, body_rotations_wxyz=r, body_linear_velocities=v, body_angular_velocities=w)
+        return BodyState(
+            body_positions=p, body_rotations_wxyz=r, body_linear_velocities=v, body_angular_velocities=w, rows=rows
+        )
 
     def packed_buffers(self) -> PackedMotionBuffers:
         """The persistent packed tensors (views, no copy); take them again after ``add_motions``/``to``."""
@@ -1315,6 +1358,7 @@ class MotionLibrary:
         lib._backend = None
         lib._backend_fields = None
         lib._const_cache = {}
+        lib._scratch_cache = {}
         stored = header.get("backend_fields")
         if stored is not None and "backend_packed" in tensors:
             same = (
