@@ -30,7 +30,7 @@ from kangengine.animation import (
     forward_kinematics,
 )
 from kangengine.asset import JointType, MJCFLoader, URDFLoader
-from kangengine.errors import LayoutMismatch, MotionError, ShapeError, UnknownNameError
+from kangengine.errors import FormatError, LayoutMismatch, MotionError, ShapeError, UnknownNameError
 
 ROTATIONAL_MJCF = [
     "mjcf/protomotions/smpl_humanoid.xml",
@@ -660,3 +660,15 @@ def test_bad_input_is_refused_with_clear_errors():
         mapper.to_skeleton_motion(motion)
     with pytest.raises(ShapeError):
         ArticulationMotionMapper("not a layout")
+
+
+@pytest.mark.parametrize("rel", ["mjcf/protomotions/smpl_humanoid.xml", "mjcf/dm_control/model_with_ball_joints.xml"])
+def test_zero_quaternions_are_refused_naming_frame_and_body(rel):
+    layout = _layout(rel)
+    mapper = ArticulationMotionMapper(layout)
+    q = np.tile(layout.neutral(), (6000, 1))  # more than one solver block
+    st = mapper.to_skeleton_state(q)
+    local = np.array(st.local_rotation, copy=True)
+    local[5000, 2] = 0.0
+    with pytest.raises(FormatError, match=f"frame 5000, body '{layout.body_names[2]}'"):
+        mapper.to_articulation_motion(SkeletonMotion(mapper.skeleton_tree, st.root_translation, local, 30.0))

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import rotations as R
 from ..asset.desc import JointType
-from ..errors import LayoutMismatch, MotionError, ShapeError, UnknownNameError
+from ..errors import FormatError, LayoutMismatch, MotionError, ShapeError, UnknownNameError
 from .kinematics import _add, _mul, _sub
 from .layout import ArticulationCoordinateLayout
 from .motion import ArticulationMotion
@@ -930,11 +930,25 @@ class ArticulationMotionMapper:
             J = self._joint_rotation(L, idx)
             residual[:, idx] = _quat_angle_wxyz(J[..., 0], J[..., 1], J[..., 2], J[..., 3])
         if len(self._hinge_q):
-            self._solve_hinges(L, q, residual, time_axis)
+            self._solve_hinges(L, q, residual, time_axis)  # checks every quaternion on the way
+        else:
+            self._check_nonzero(np.moveaxis(L, -1, 0), 0)
         clamped = np.zeros((N, lay.nv), dtype=dt)
         if clamp:
             self._clamp(q, clamped, residual, L)
         return q, residual, clamped
+
+    def _check_nonzero(self, Lt: np.ndarray, frame0: int):
+        """:class:`FormatError` for an all-zero quaternion in a block ``Lt [4, m, B]`` (frames from
+        ``frame0``): it has no rotation, and every closed form would silently read it as the identity."""
+        ok = np.any(Lt, axis=0)
+        if not ok.all():
+            f, b = np.argwhere(~ok)[0]
+            raise FormatError(
+                f"the quaternion of frame {frame0 + int(f)}, body {self.layout.body_names[b]!r} is "
+                "(0, 0, 0, 0); expected a non-zero WXYZ rotation",
+                item="local_rotation",
+            )
 
     def _joint_rotation(self, L, idx):
         """``rest^-1 * local`` for bodies ``idx``: ``[N, k, 4]``."""
@@ -987,6 +1001,7 @@ class ArticulationMotionMapper:
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
             Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
+            self._check_nonzero(Lt, s)
             for g in self._groups:
                 comps = self._group_comps(g, Lt)
                 qcols = hq[g.hinge_cols]
@@ -1140,6 +1155,8 @@ class ArticulationMotionMapper:
         middle (unlimited: of ``ref``)."""
         N = q.shape[0]
         hq = self._hinge_q
+        contiguous = bool(np.array_equal(hq, np.arange(hq[0], hq[0] + len(hq))))
+        cols_q = slice(int(hq[0]), int(hq[0]) + len(hq)) if contiguous else hq  # slices: no fancy indexing
         dt = q.dtype
         ref = self._hinge_ref.astype(dt)
         center = self._hinge_center
@@ -1150,7 +1167,7 @@ class ArticulationMotionMapper:
         qmax = np.full(nh, -np.inf)
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
-            T = q[s:e][:, hq]
+            T = q[s:e, cols_q].copy() if contiguous else q[s:e][:, hq]
             for g in fast:
                 sel = use_b1[id(g)][s:e]
                 if not sel.any():
@@ -1164,7 +1181,7 @@ class ArticulationMotionMapper:
                 T[:, cols[:, 1]] = np.where(sel, _wrap(2.0 * dv.phi - t), t)
             if not time_axis:
                 qv = T + ref
-                q[s:e, hq] = qv - _TWO_PI * np.rint((qv - center) / _TWO_PI)
+                q[s:e, cols_q] = qv - _TWO_PI * np.rint((qv - center) / _TWO_PI)
                 continue
             jumps = _step(T, prev_raw)
             jumps *= 1.0 / _TWO_PI
@@ -1182,7 +1199,7 @@ class ArticulationMotionMapper:
                 first = qv[0].astype(np.float64)
             qmin = np.minimum(qmin, qv.min(axis=0))
             qmax = np.maximum(qmax, qv.max(axis=0))
-            q[s:e, hq] = qv
+            q[s:e, cols_q] = qv
         if not time_axis or N == 0:
             return
         shift = -np.rint((first - center) / _TWO_PI)
