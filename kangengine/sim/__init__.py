@@ -1,6 +1,8 @@
 """Batched Torch articulation simulator: exact rigid-body dynamics, implicit integration by incremental-
 potential minimisation, PD drives, limits, joint and contact friction, ground contact."""
 
+from .contact import ContactGeometry, contact_force_per_body
+from .control import Control, friction_force, friction_phi, friction_phi_derivative, friction_potential
 from .dynamics import (
     bias_forces,
     forward_dynamics,
@@ -10,6 +12,7 @@ from .dynamics import (
     momentum,
     potential_energy,
 )
+from .integrator import Simulator, StepResult
 from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
 from .model import ContactParams, JointFriction, Model, State
 
@@ -29,4 +32,13 @@ __all__ = [
     "kinetic_energy",
     "potential_energy",
     "momentum",
+    "Simulator",
+    "StepResult",
+    "Control",
+    "friction_phi",
+    "friction_phi_derivative",
+    "friction_force",
+    "friction_potential",
+    "ContactGeometry",
+    "contact_force_per_body",
 ]
