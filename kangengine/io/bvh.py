@@ -484,10 +484,11 @@ def _euler3_deg_to_quat(angles_deg: np.ndarray, order: str, out_axes: dict[str, 
     sa, sb, sc = sn[..., 0], sn[..., 1], sn[..., 2]
     cbcc, sbsc, sbcc, cbsc = cb * cc, sb * sc, sb * cc, cb * sc
     out = np.empty(ca.shape + (4,), dtype=angles_deg.dtype)
-    out[..., 0] = ca * cbcc - e * (sa * sbsc)
-    out[..., 1 + a] = sa * cbcc + e * (ca * sbsc)
-    out[..., 1 + b] = ca * sbcc - e * (sa * cbsc)
-    out[..., 1 + c] = ca * cbsc + e * (sa * sbcc)
+    plus, minus = (np.add, np.subtract) if e > 0 else (np.subtract, np.add)
+    minus(ca * cbcc, sa * sbsc, out=out[..., 0])
+    plus(sa * cbcc, ca * sbsc, out=out[..., 1 + a])
+    minus(ca * sbcc, sa * cbsc, out=out[..., 1 + b])
+    plus(ca * cbsc, sa * sbcc, out=out[..., 1 + c])
     return out
 
 
@@ -522,8 +523,10 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
     nf = values.shape[0]
     nn = len(nodes)
     rot = np.empty((nf, nn, 4), dtype=rot_dtype)
-    rot[...] = (1.0, 0.0, 0.0, 0.0)
     groups = [(order, np.asarray(idx), np.asarray(cols)) for order, (idx, cols) in layout.rot_groups.items()]
+    still = sorted(set(range(nn)) - {int(i) for _, idx, _ in groups for i in idx})  # end sites, no rotation channel
+    if still:
+        rot[:, still] = (1.0, 0.0, 0.0, 0.0)
     for s0 in range(0, nf, _EULER_CHUNK):  # chunks of frames keep the temporaries in cache
         v = values[s0 : s0 + _EULER_CHUNK]
         for order, idx, cols in groups:
@@ -566,16 +569,17 @@ def _kinematics_for(parents: tuple[int, ...]):
     return BodyKinematics(tree_plan_from_rest(parents, np.zeros((len(parents), 3))))
 
 
-def _sample_positions(values, nodes, layout, offsets_file, parents) -> np.ndarray:
-    """Global positions ``[S, N - 1, 3]`` (file axes and units, root left out) of up to 32 frames spread
-    over the clip."""
-    nf = values.shape[0]
+def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarray:
+    """Global positions ``[S, N - 1, 3]`` (file axes and units, root left out) of up to 32 frames spread over
+    the clip, from the local arrays already built in output axes (file component ``a`` is output component
+    ``vec_index[a]``)."""
+    nf = rot.shape[0]
     rows = np.unique(np.linspace(0, nf - 1, min(nf, 32)).round().astype(np.int64))
-    ident = {"X": 0, "Y": 1, "Z": 2}
-    rot, root_t, lt = _local_arrays(values[rows], nodes, layout, offsets_file, ident, (0, 1, 2))
-    if lt is None:
-        lt = np.repeat(offsets_file[None], len(rows), axis=0)
-    pos, _ = _kinematics_for(tuple(parents)).from_local(root_t, rot, lt)
+    lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows]
+    pos, _ = _kinematics_for(tuple(parents)).from_local(
+        root_t[rows].astype(np.float64), rot[rows].astype(np.float64), lt_rows.astype(np.float64)
+    )
+    pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
     return pos[:, 1:] if pos.shape[1] > 1 else pos
 
@@ -692,23 +696,29 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     parents = [n.parent for n in nodes]
     offsets_file = np.array([n.offset for n in nodes], dtype=np.float64)
     up, up_detected, height = up_axis, False, None
+
+    def build(up_: str):
+        if up_ == "y":
+            out_axes = {f: int(np.flatnonzero(axes.MATRIX_ZUP_FROM_YUP[:, _AXIS[f]])[0]) for f in "XYZ"}
+        else:
+            out_axes = dict(_AXIS)
+        vec_index = tuple(out_axes[f] for f in "XYZ")  # file component a goes to output component vec_index[a]
+        offsets = np.empty_like(offsets_file)
+        offsets[:, list(vec_index)] = offsets_file
+        return (offsets, vec_index, *_local_arrays(values, nodes, layout, offsets, out_axes, vec_index, dtype))
+
+    # Y up is the BVH convention: build for it first; detection runs on those arrays (a Z-up file is rebuilt).
+    offsets, vec_index, rot, root_t, lt = build("z" if up_axis == "z" else "y")
     if up_axis == "auto" or scale is None:
-        pos = _sample_positions(values, nodes, layout, offsets_file, parents)
+        pos = _sample_positions(rot, root_t, lt, offsets, parents, vec_index)
         if up_axis == "auto":
             up, up_detected = _detect_up(pos), True
+            if up == "z":
+                offsets, vec_index, rot, root_t, lt = build("z")
         height = _height(pos, up)
         if scale is None:
             unit_name = _unit_from_height(height)
             metres_per_unit = BVH_LENGTH_UNITS[unit_name]
-
-    if up == "y":
-        out_axes = {f: int(np.flatnonzero(axes.MATRIX_ZUP_FROM_YUP[:, _AXIS[f]])[0]) for f in "XYZ"}
-    else:
-        out_axes = dict(_AXIS)
-    vec_index = tuple(out_axes[f] for f in "XYZ")  # file component a goes to output component vec_index[a]
-    offsets = np.empty_like(offsets_file)
-    offsets[:, list(vec_index)] = offsets_file
-    rot, root_t, lt = _local_arrays(values, nodes, layout, offsets, out_axes, vec_index, dtype)
 
     names, original = _node_names(nodes)
     from ..animation import SkeletonMotion, SkeletonTree
