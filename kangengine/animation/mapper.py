@@ -22,8 +22,8 @@ ball                        the joint quaternion ``J``, sign-continuous in time;
 3 hinges                    closed-form generalised (Davenport) Euler angles for any axes with
                             consecutive axes not parallel (Shuster & Markley 2003); both branches;
                             a few Gauss-Newton steps where the rotation is out of reach of the axes
-other (parallel consecutive vectorised Gauss-Newton on the rotation error, seeded by coordinate sweeps
-axes, > 3 hinges)
+parallel consecutive axes,  vectorised Gauss-Newton on the rotation error, seeded by the closed form of
+or more than 3 hinges       the chain with parallel axes merged and by coordinate sweeps
 slides                      held at ``ref`` (zero displacement): a skeleton carries no joint
                             translations the mapper would trust
 fixed / no joint            nothing to solve; residual = angle between ``J`` and the identity
