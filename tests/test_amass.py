@@ -394,3 +394,10 @@ def test_smplx_extra_object_keys_are_not_unpickled(tmp_path, model_dir):
         a = amass.load(tmp_path / "x.npz", model_dir=tmp_path)
     b = amass.load(tmp_path / "x.npz", model_dir=model_dir)
     np.testing.assert_allclose(a.global_translation, b.global_translation, atol=1e-12)
+
+
+def test_load_motion_dispatches_amass_npz(tmp_path, model_dir):
+    _clip(tmp_path / "c.npz", "smplh", gender="male")
+    a = ke.io.load_motion(tmp_path / "c.npz", model_dir=model_dir)
+    b = amass.load(tmp_path / "c.npz", model_dir=model_dir)
+    np.testing.assert_allclose(a.global_translation, b.global_translation)

@@ -244,3 +244,17 @@ def test_truncated_and_missing_files(tmp_path):
 
 def test_data_dir_is_present():
     assert (DATA / "motions" / "amp_poselib").is_dir()
+
+
+def test_load_motion_dispatches_npy_to_poselib(tmp_path):
+    m = ke.io.load_motion(data_file("motions/amp_poselib/amp_humanoid_run.npy"))
+    assert isinstance(m, ke.animation.SkeletonMotion) and m.num_frames == 82 and m.fps == 60.0
+    with pytest.raises(FormatError, match="SkeletonState"):
+        ke.io.load_motion(data_file("motions/amp_poselib/cmu_tpose.npy"))
+    # a KangEngine npz still goes to SkeletonMotion.load_npz, and an unknown npz names its keys
+    m.save_npz(tmp_path / "run.npz")
+    again = ke.io.load_motion(tmp_path / "run.npz")
+    np.testing.assert_allclose(again.local_rotation, m.local_rotation)
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    with pytest.raises(FormatError, match=r"\['a'\]"):
+        ke.io.load_motion(tmp_path / "other.npz")

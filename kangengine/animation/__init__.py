@@ -4,6 +4,7 @@ from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinem
 from .library import BodyState, Interpolation, MotionLibrary, MotionSample, PackedMotionBuffers
 from .mapper import ArticulationMotionMapper, CoordinatesResult, MappingResult, SkeletonOffsetWarning
 from .motion import ArticulationMotion, load_articulation_motion_npz, save_articulation_motion_npz
+from .retarget import RetargetConfig, RetargetResult, list_retarget_configs, load_retarget_config, retarget_motion
 from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "SkeletonMotion",
     "ArticulationMotionMapper", "MappingResult", "CoordinatesResult", "SkeletonOffsetWarning",
     "MotionLibrary", "MotionSample", "BodyState", "PackedMotionBuffers", "Interpolation",
+    "retarget", "retarget_motion", "RetargetConfig", "RetargetResult", "load_retarget_config", "list_retarget_configs",
 ]

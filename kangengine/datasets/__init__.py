@@ -2,6 +2,15 @@
 without unrestricted pickle (:mod:`.arrays`)."""
 
 from . import amass, arrays
-from .arrays import RestrictedUnpickler, load_npy, load_pickle, load_poselib
+from .arrays import RestrictedUnpickler, load_npy, load_npz_motion, load_pickle, load_poselib, load_poselib_motion
 
-__all__ = ["amass", "arrays", "RestrictedUnpickler", "load_npy", "load_pickle", "load_poselib"]
+__all__ = [
+    "amass",
+    "arrays",
+    "RestrictedUnpickler",
+    "load_npy",
+    "load_pickle",
+    "load_poselib",
+    "load_poselib_motion",
+    "load_npz_motion",
+]

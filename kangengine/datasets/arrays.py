@@ -36,7 +36,7 @@ from .. import rotations as R
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError
 
-__all__ = ["RestrictedUnpickler", "load_pickle", "load_npy", "load_poselib"]
+__all__ = ["RestrictedUnpickler", "load_pickle", "load_npy", "load_poselib", "load_poselib_motion", "load_npz_motion"]
 
 
 def _numpy_core(submodule: str):
@@ -357,3 +357,48 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
 def _loads_restricted(data: bytes, *, path=None):
     """Unpickle bytes through :class:`RestrictedUnpickler` (tests and in-memory payloads)."""
     return _unpickle(io.BytesIO(data), path)
+
+
+def load_poselib_motion(path: str | os.PathLike) -> SkeletonMotion:
+    """:func:`load_poselib` for files that must hold a motion (``ke.io.load_motion`` uses it for ``.npy``).
+
+    Raises:
+        FormatError: the file holds a ``SkeletonState`` (a single pose) rather than a ``SkeletonMotion``.
+    """
+    m = load_poselib(path)
+    if not isinstance(m, SkeletonMotion):
+        raise FormatError(
+            "holds a poselib SkeletonState (a pose, no fps); expected a SkeletonMotion. Read poses "
+            "with kangengine.datasets.load_poselib",
+            path=path,
+            item="__name__",
+        )
+    return m
+
+
+def load_npz_motion(path: str | os.PathLike, **kw) -> SkeletonMotion:
+    """Read a motion ``.npz`` of either kind, without pickle (``ke.io.load_motion`` uses it for ``.npz``):
+    a file written by ``SkeletonMotion.save_npz`` (key ``format``), or an AMASS / SMPL-family clip (key
+    ``poses`` or ``root_orient``; keyword arguments go to :func:`kangengine.datasets.amass.load`).
+
+    Raises:
+        FileMissingError, FormatError: no such file; neither layout (the message lists the file's keys).
+    """
+    path = _check_file(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys = set(z.files)
+    except Exception as exc:
+        raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
+    if "format" in keys:
+        if kw:
+            raise FormatError(f"options {sorted(kw)} apply to AMASS files only", path=path)
+        return SkeletonMotion.load_npz(path)
+    if "poses" in keys or "root_orient" in keys:
+        from . import amass
+
+        return amass.load(path, **kw)
+    raise FormatError(
+        f"neither a KangEngine motion (key 'format') nor an AMASS clip (key 'poses'); the file holds {sorted(keys)}",
+        path=path,
+    )

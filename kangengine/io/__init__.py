@@ -33,7 +33,8 @@ __all__ = [
 MOTION_LOADERS: dict[str, str] = {
     ".bvh": "kangengine.io.bvh:load_bvh",
     ".fbx": "kangengine.io.fbx:load_fbx",
-    ".npz": "kangengine.animation.skeleton:SkeletonMotion.load_npz",
+    ".npz": "kangengine.datasets.arrays:load_npz_motion",  # SkeletonMotion.save_npz files or AMASS clips
+    ".npy": "kangengine.datasets.arrays:load_poselib_motion",  # poselib SkeletonMotion (restricted unpickler)
 }
 
 
@@ -48,8 +49,10 @@ def _resolve(target: str):
 def load_motion(path: str | os.PathLike, **kw):
     """Read a motion file into a :class:`~kangengine.animation.SkeletonMotion`, by extension.
 
-    ``.bvh`` -> :func:`load_bvh`, ``.fbx`` -> :func:`load_fbx`, ``.npz`` -> ``SkeletonMotion.load_npz``
-    (files written by ``SkeletonMotion.save_npz``); other readers register in :data:`MOTION_LOADERS`.
+    ``.bvh`` -> :func:`load_bvh`, ``.fbx`` -> :func:`load_fbx`, ``.npz`` -> ``SkeletonMotion.load_npz`` for
+    files written by ``SkeletonMotion.save_npz`` or :func:`kangengine.datasets.amass.load` for AMASS clips,
+    ``.npy`` -> :func:`kangengine.datasets.arrays.load_poselib_motion` (poselib clips); other readers register
+    in :data:`MOTION_LOADERS`.
     Keyword arguments go to the reader.
 
     Raises:

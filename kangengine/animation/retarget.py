@@ -1,0 +1,849 @@
+"""Skeleton-to-skeleton retargeting by T-pose (the poselib algorithm, vectorised).
+
+A motion on a source skeleton (a BVH or FBX performer, an SMPL body) is moved onto a target skeleton
+(a character's or a robot's own skeleton, ``SkeletonTree.from_articulation(desc)``) with:
+
+* a **joint map** ``source joint -> target joint`` (a target joint takes its world rotation from one source
+  joint; unmapped target joints keep their T-pose (rest) local rotation, unmapped source joints are unused);
+* a **source T-pose** and a **target T-pose**: the same physical pose (a T-pose, say) on both skeletons.
+  Each pose's world rotations absorb the difference in joint frame conventions between the skeletons;
+* a **rotation offset** ``Q`` (WXYZ) that turns the source world into the target world (poselib's
+  ``rotation_to_target_skeleton``: e.g. a source facing -Y onto a target facing +X);
+* a **root-translation scale** (target size / source size, including any unit change);
+* a **ground fix**: shift the motion vertically so that its lowest point (body origins, or the target's
+  collision geoms) is at ``z = 0``, then add ``root_height_offset``.
+
+For every frame and mapped pair ``(s, t)``, with ``G`` world rotations::
+
+    G_target[t] = Q G_source[s] G_source_tpose[s]^-1 Q^-1 G_target_tpose[t]
+    root_target = target_tpose_root + scale * Q (source_root - source_tpose_root)
+
+``source_root`` is the world position of the source joint mapped to the target's root. The result is a
+:class:`~kangengine.animation.SkeletonMotion` on the target tree; for an articulation target its local
+rotations include every body's rest rotation, as :class:`~kangengine.animation.ArticulationMotionMapper`
+expects.
+
+Configurations are frozen dataclasses, loadable from JSON (:meth:`RetargetConfig.from_json`); named
+configurations ship with KangEngine (:func:`load_retarget_config`, :func:`list_retarget_configs`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from .. import rotations as R
+from ..errors import FileMissingError, FormatError, KangEngineError, ShapeError, UnknownNameError
+from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
+
+__all__ = [
+    "GroundFix",
+    "GroundReference",
+    "JointAdjustment",
+    "TPoseSpec",
+    "RetargetConfig",
+    "RetargetResult",
+    "retarget",
+    "make_tpose",
+    "load_retarget_config",
+    "list_retarget_configs",
+    "retarget_motion",
+]
+
+_CONFIG_DIR = Path(__file__).resolve().parent / "retarget_configs"
+
+
+class GroundFix(enum.Enum):
+    """How the retargeted motion is put on the ground (``z = 0``) before ``root_height_offset``."""
+
+    #: no vertical shift
+    NONE = "none"
+    #: the lowest point over the whole clip goes to ``z = 0`` (poselib's ``retarget_motion.py``)
+    CLIP_MIN = "clip_min"
+    #: the lowest point of the first frame goes to ``z = 0``
+    FIRST_FRAME = "first_frame"
+    #: each frame is shifted by the lowest point within ``ground_window_s`` around it (a running minimum,
+    #: then a running mean over the same window): removes a slow drift of the floor height (a tilted or
+    #: badly calibrated capture floor) while flights shorter than the window stay in the air
+    ROLLING_MIN = "rolling_min"
+
+
+class GroundReference(enum.Enum):
+    """Which points the ground fix looks at."""
+
+    #: body (joint) origins, as poselib does
+    BODY_ORIGINS = "body_origins"
+    #: the lowest points of the target's collision geoms (spheres, capsules, cylinders, boxes, ellipsoids)
+    #: when the target is an articulation that has them; body origins otherwise
+    COLLISION_GEOMS = "collision_geoms"
+
+
+@dataclass(frozen=True, eq=False)
+class JointAdjustment:
+    """A rotation applied to one joint's rest local rotation to make a T-pose:
+    ``local = exp(angle * axis) * rest_local`` (left multiplication: about ``axis`` in the parent's frame).
+
+    Attributes:
+        joint: node (body) name.
+        axis: ``[3]`` rotation axis in the joint's parent frame (normalised on construction).
+        angle_deg: rotation angle in degrees.
+    """
+
+    joint: str
+    axis: np.ndarray
+    angle_deg: float
+
+    def __post_init__(self):
+        a = np.asarray(self.axis, dtype=np.float64).reshape(-1)
+        if a.shape != (3,) or not np.isfinite(a).all() or np.linalg.norm(a) < 1e-12:
+            raise FormatError(f"axis {self.axis!r}; expected a non-zero 3-vector", item=f"adjust {self.joint}")
+        a = a / np.linalg.norm(a)
+        a.setflags(write=False)
+        object.__setattr__(self, "axis", a)
+        object.__setattr__(self, "angle_deg", float(self.angle_deg))
+
+    @property
+    def quat_wxyz(self) -> np.ndarray:
+        return R.quat_from_axis_angle(self.axis, math.radians(self.angle_deg))
+
+    def to_dict(self) -> dict:
+        return {"joint": self.joint, "axis": [float(x) for x in self.axis], "angle_deg": self.angle_deg}
+
+
+@dataclass(frozen=True, eq=False)
+class TPoseSpec:
+    """How to build a T-pose of a skeleton (see :func:`make_tpose`).
+
+    Attributes:
+        adjust: rotations applied, in order, to the rest pose's local rotations. The rest pose is: for an
+            articulation, the neutral configuration (each body at its rest ``parent_from_body`` rotation);
+            for a skeleton, identity local rotations (a BVH file's rest pose).
+        global_rotation_wxyz: optional world rotations of named joints, set after ``adjust`` (parents
+            before children; the other joints keep their local rotation). This is how a T-pose stored as a
+            file (poselib ``cmu_tpose.npy``) travels inside a JSON configuration.
+    """
+
+    adjust: tuple[JointAdjustment, ...] = ()
+    global_rotation_wxyz: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "adjust", tuple(self.adjust))
+        g = {str(k): tuple(float(x) for x in v) for k, v in dict(self.global_rotation_wxyz).items()}
+        for k, v in g.items():
+            if len(v) != 4 or not all(math.isfinite(x) for x in v) or abs(math.sqrt(sum(x * x for x in v)) - 1) > 1e-3:
+                raise FormatError(f"{v}; expected a unit WXYZ quaternion", item=f"global_rotation_wxyz.{k}")
+        object.__setattr__(self, "global_rotation_wxyz", types.MappingProxyType(g))
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None, *, item: str = "tpose") -> TPoseSpec:
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise FormatError(f"is {type(d).__name__}; expected an object", item=item)
+        unknown = set(d) - {"from", "adjust", "global_rotation_wxyz"}
+        if unknown:
+            raise FormatError(f"unknown keys {sorted(unknown)}; expected from, adjust, global_rotation_wxyz", item=item)
+        if d.get("from", "rest") != "rest":
+            raise FormatError(f"from is {d['from']!r}; expected 'rest'", item=item)
+        adj = []
+        for i, a in enumerate(d.get("adjust", ())):
+            try:
+                adj.append(JointAdjustment(str(a["joint"]), a["axis"], float(a["angle_deg"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise FormatError(f"adjust[{i}] is {a!r}; expected {{joint, axis, angle_deg}}", item=item) from exc
+        return cls(adjust=tuple(adj), global_rotation_wxyz=d.get("global_rotation_wxyz", {}))
+
+    def to_dict(self) -> dict:
+        out: dict = {"from": "rest", "adjust": [a.to_dict() for a in self.adjust]}
+        if self.global_rotation_wxyz:
+            out["global_rotation_wxyz"] = {k: list(v) for k, v in self.global_rotation_wxyz.items()}
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class RetargetConfig:
+    """Everything that defines a retargeting from one skeleton family to another.
+
+    Attributes:
+        joint_mapping: ``{source joint: target joint}`` (read-only mapping). The target's root must be mapped.
+        rotation_wxyz: ``[4]`` rotation ``Q`` from the source world to the target world (applied to the
+            source motion and the source T-pose).
+        scale: root-translation scale (target size / source size, in the source's length unit), or
+            ``"auto"``: the ratio of the T-poses' root heights above their lowest mapped joint.
+        root_height_offset: m added to the root height after the ground fix.
+        ground_fix: see :class:`GroundFix`.
+        ground_reference: see :class:`GroundReference`.
+        source_tpose, target_tpose: :class:`TPoseSpec` of each side.
+        trim_frames: optional ``(begin, end)`` source frames kept (``end`` exclusive; ``-1``: to the end),
+            applied before the ground fix.
+        project_hinges: for an articulation target, give every mapped body that turns on a single hinge
+            (a knee, an elbow) under a parent that reaches every rotation (a ball, three perpendicular
+            hinges, the free root) the hinge angle that keeps its child's world position, and turn the parent
+            about the parent->body bone so the child lands where the source puts it (poselib's
+            ``project_joints``, for any hinge axis). Body positions then survive the mapping to joint angles.
+        ground_window_s: window (s) of ``GroundFix.ROLLING_MIN``.
+        name: configuration name.
+        description: what the configuration expects (source skeleton, target model).
+        target_asset: the shipped example model the target is (``kangengine.examples.data_path``), if any.
+        attribution: where the numbers came from (licenses of third-party configurations).
+    """
+
+    joint_mapping: Mapping[str, str]
+    rotation_wxyz: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))
+    scale: float | str = 1.0
+    root_height_offset: float = 0.0
+    ground_fix: GroundFix = GroundFix.CLIP_MIN
+    ground_reference: GroundReference = GroundReference.BODY_ORIGINS
+    source_tpose: TPoseSpec = field(default_factory=TPoseSpec)
+    target_tpose: TPoseSpec = field(default_factory=TPoseSpec)
+    trim_frames: tuple[int, int] | None = None
+    project_hinges: bool = True
+    ground_window_s: float = 1.0
+    name: str = ""
+    description: str = ""
+    target_asset: str | None = None
+    attribution: str = ""
+
+    def __post_init__(self):
+        jm = dict(self.joint_mapping)
+        if not jm:
+            raise FormatError("is empty; expected {source joint: target joint}", item="joint_mapping")
+        targets = list(jm.values())
+        dup = sorted({t for t in targets if targets.count(t) > 1})
+        if dup:
+            raise FormatError(f"target joints mapped from several source joints: {dup}", item="joint_mapping")
+        object.__setattr__(self, "joint_mapping", types.MappingProxyType({str(k): str(v) for k, v in jm.items()}))
+        q = np.asarray(self.rotation_wxyz, dtype=np.float64).reshape(-1)
+        if q.shape != (4,) or not np.isfinite(q).all() or abs(np.linalg.norm(q) - 1.0) > 1e-3:
+            raise FormatError(f"{self.rotation_wxyz!r}; expected a unit WXYZ quaternion", item="rotation_wxyz")
+        q = q / np.linalg.norm(q)
+        q.setflags(write=False)
+        object.__setattr__(self, "rotation_wxyz", q)
+        if isinstance(self.scale, str):
+            if self.scale != "auto":
+                raise FormatError(f"scale {self.scale!r}; expected a number > 0 or 'auto'", item="scale")
+        elif not (math.isfinite(float(self.scale)) and float(self.scale) > 0):
+            raise FormatError(f"scale {self.scale!r}; expected a number > 0 or 'auto'", item="scale")
+        else:
+            object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "root_height_offset", float(self.root_height_offset))
+        if not (math.isfinite(float(self.ground_window_s)) and float(self.ground_window_s) > 0):
+            raise FormatError(f"{self.ground_window_s!r}; expected seconds > 0", item="ground_window_s")
+        object.__setattr__(self, "ground_window_s", float(self.ground_window_s))
+        object.__setattr__(self, "ground_fix", _enum(GroundFix, self.ground_fix, "ground_fix"))
+        object.__setattr__(self, "ground_reference", _enum(GroundReference, self.ground_reference, "ground_reference"))
+        if self.trim_frames is not None:
+            t = tuple(int(x) for x in self.trim_frames)
+            if len(t) != 2 or t[0] < 0 or (t[1] != -1 and t[1] <= t[0]):
+                raise FormatError(f"{self.trim_frames!r}; expected (begin >= 0, end > begin or -1)", item="trim_frames")
+            object.__setattr__(self, "trim_frames", t)
+
+    # -- JSON ---------------------------------------------------------------------------------------------
+    _KEYS = (
+        "name",
+        "description",
+        "attribution",
+        "target_asset",
+        "joint_mapping",
+        "rotation_wxyz",
+        "scale",
+        "root_height_offset",
+        "ground_fix",
+        "ground_reference",
+        "source_tpose",
+        "target_tpose",
+        "trim_frames",
+        "project_hinges",
+        "ground_window_s",
+        "poselib",
+    )
+
+    @classmethod
+    def from_dict(cls, d: Mapping, *, path=None) -> RetargetConfig:
+        """Build from the JSON object layout (see the shipped files in ``retarget_configs/``)."""
+        if not isinstance(d, Mapping):
+            raise FormatError(f"holds {type(d).__name__}; expected a JSON object", path=path)
+        unknown = sorted(set(d) - set(cls._KEYS))
+        if unknown:
+            raise FormatError(f"unknown keys {unknown}; expected some of {list(cls._KEYS)}", path=path)
+        if "joint_mapping" not in d:
+            raise FormatError("missing", path=path, item="joint_mapping")
+        try:
+            return cls(
+                joint_mapping=d["joint_mapping"],
+                rotation_wxyz=d.get("rotation_wxyz", (1.0, 0.0, 0.0, 0.0)),
+                scale=d.get("scale", 1.0),
+                root_height_offset=d.get("root_height_offset", 0.0),
+                ground_fix=d.get("ground_fix", "clip_min"),
+                ground_reference=d.get("ground_reference", "body_origins"),
+                source_tpose=TPoseSpec.from_dict(d.get("source_tpose"), item="source_tpose"),
+                target_tpose=TPoseSpec.from_dict(d.get("target_tpose"), item="target_tpose"),
+                trim_frames=d.get("trim_frames"),
+                project_hinges=bool(d.get("project_hinges", True)),
+                ground_window_s=d.get("ground_window_s", 1.0),
+                name=str(d.get("name", "")),
+                description=str(d.get("description", "")),
+                target_asset=d.get("target_asset"),
+                attribution=str(d.get("attribution", "")),
+            )
+        except KangEngineError as exc:
+            if path is None or exc.path is not None:
+                raise
+            raise type(exc)(str(exc), path=path) from exc
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"bad value ({exc})", path=path) from exc
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> RetargetConfig:
+        """Read a configuration file (the layout of :meth:`to_dict`)."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileMissingError("no such retarget configuration", path=p)
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"not valid JSON ({exc})", path=p) from exc
+        return cls.from_dict(d, path=p)
+
+    @classmethod
+    def from_poselib_json(cls, path: str | os.PathLike, **overrides) -> RetargetConfig:
+        """Read a poselib ``retarget_*.json`` (``joint_mapping``, ``rotation`` **XYZW**, ``scale``,
+        ``root_height_offset``, ``trim_frame_beg``/``trim_frame_end``). Its T-pose files are not read: give
+        T-poses to :func:`retarget` or in ``overrides`` (``source_tpose=TPoseSpec(...)``)."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileMissingError("no such poselib retarget configuration", path=p)
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+            xyzw = [float(x) for x in d["rotation"]]
+            beg, end = int(d.get("trim_frame_beg", -1)), int(d.get("trim_frame_end", -1))
+            kw = dict(
+                joint_mapping=d["joint_mapping"],
+                rotation_wxyz=[xyzw[3], *xyzw[:3]],
+                scale=float(d["scale"]),
+                root_height_offset=float(d.get("root_height_offset", 0.0)),
+                name=p.stem,
+                trim_frames=None if beg == -1 and end == -1 else (max(beg, 0), end),
+            )
+        except (KeyError, TypeError, ValueError, IndexError, json.JSONDecodeError) as exc:
+            raise FormatError(
+                f"not a poselib retarget configuration ({type(exc).__name__}: {exc}); expected "
+                "joint_mapping, rotation (XYZW) and scale",
+                path=p,
+            ) from exc
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        """The JSON object layout (round-trips through :meth:`from_dict`)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "attribution": self.attribution,
+            "target_asset": self.target_asset,
+            "joint_mapping": dict(self.joint_mapping),
+            "rotation_wxyz": [float(x) for x in self.rotation_wxyz],
+            "scale": self.scale,
+            "root_height_offset": self.root_height_offset,
+            "ground_fix": self.ground_fix.value,
+            "ground_reference": self.ground_reference.value,
+            "source_tpose": self.source_tpose.to_dict(),
+            "target_tpose": self.target_tpose.to_dict(),
+            "trim_frames": None if self.trim_frames is None else list(self.trim_frames),
+            "project_hinges": self.project_hinges,
+            "ground_window_s": self.ground_window_s,
+        }
+
+    def replace(self, **changes) -> RetargetConfig:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+
+def _enum(cls, value, item):
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value))
+    except ValueError:
+        raise FormatError(f"{value!r}; expected one of {[e.value for e in cls]}", item=item) from None
+
+
+def list_retarget_configs() -> tuple[str, ...]:
+    """Names of the configurations shipped with KangEngine."""
+    return tuple(sorted(p.stem for p in _CONFIG_DIR.glob("*.json")))
+
+
+def load_retarget_config(name: str) -> RetargetConfig:
+    """A shipped configuration by name (``"cmu_bvh_to_cmu_humanoid"``, ``"cmu_to_amp"``,
+    ``"smpl_to_smpl_humanoid"``), or a configuration file path.
+
+    Raises:
+        UnknownNameError: no such shipped configuration (the message lists them).
+    """
+    p = Path(name)
+    if p.suffix == ".json" and p.is_file():
+        return RetargetConfig.from_json(p)
+    f = _CONFIG_DIR / f"{name}.json"
+    if not f.is_file():
+        raise UnknownNameError(
+            f"no shipped retarget configuration {name!r}; configurations are: {', '.join(list_retarget_configs())}"
+        )
+    return RetargetConfig.from_json(f)
+
+
+# -- targets and T-poses ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Target:
+    tree: SkeletonTree
+    rest_local: np.ndarray  # [n, 4]
+    rest_root: np.ndarray  # [3]
+    desc: object | None  # ArticulationDesc when known (for geoms)
+
+
+def _as_target(target) -> _Target:
+    from ..asset.desc import ArticulationDesc
+    from .layout import ArticulationCoordinateLayout
+
+    if isinstance(target, (str, os.PathLike)):
+        from ..asset import load as load_asset
+
+        target = load_asset(target)
+    if isinstance(target, ArticulationDesc):
+        tree = SkeletonTree.from_articulation(target)
+        rest = np.array([b.quat_wxyz for b in target.bodies], dtype=np.float64)
+        return _Target(tree, rest, tree.local_translation[0].copy(), target)
+    if isinstance(target, ArticulationCoordinateLayout):
+        tree = SkeletonTree.from_articulation(target)
+        rest = np.asarray(target.rest_rotations_wxyz, dtype=np.float64)
+        return _Target(tree, rest, tree.local_translation[0].copy(), None)
+    if isinstance(target, SkeletonTree):
+        return _Target(target, R.quat_identity(target.num_nodes), target.local_translation[0].copy(), None)
+    if isinstance(target, SkeletonState):
+        s = target.numpy()
+        if s.batch_shape != ():
+            raise ShapeError(f"a target SkeletonState of batch shape {s.batch_shape}; expected one pose", item="target")
+        return _Target(
+            s.tree, np.asarray(s.local_rotation, np.float64), np.asarray(s.root_translation, np.float64), None
+        )
+    raise ShapeError(
+        f"target is {type(target).__name__}; expected an ArticulationDesc, a coordinate layout, a "
+        "SkeletonTree, a SkeletonState (T-pose) or a model file path",
+        item="target",
+    )
+
+
+def make_tpose(target, spec: TPoseSpec | None = None) -> SkeletonState:
+    """A T-pose (one :class:`~kangengine.animation.SkeletonState`) of a skeleton or an articulation.
+
+    Args:
+        target: an ``ArticulationDesc`` / coordinate layout (rest pose = neutral configuration, each body at
+            its rest rotation), a ``SkeletonTree`` (rest = identity local rotations, the root at its rest
+            translation) or a ``SkeletonState`` (taken as the rest pose).
+        spec: adjustments and explicit world rotations (:class:`TPoseSpec`).
+
+    Returns:
+        ``SkeletonState`` (float64) on the target's tree.
+    """
+    return _tpose_of(_as_target(target), spec or TPoseSpec())
+
+
+def _tpose_of(t: _Target, spec: TPoseSpec) -> SkeletonState:
+    local = t.rest_local.copy()
+    tree = t.tree
+    for a in spec.adjust:
+        i = tree.index(a.joint)
+        local[i] = R.quat_multiply(a.quat_wxyz, local[i])
+    if spec.global_rotation_wxyz:
+        given = {tree.index(k): np.asarray(v, dtype=np.float64) for k, v in spec.global_rotation_wxyz.items()}
+        glob = np.empty_like(local)
+        for i, p in enumerate(tree.parent_indices):
+            if i in given:
+                glob[i] = R.quat_normalize(given[i])
+                local[i] = glob[i] if p < 0 else R.quat_multiply(R.quat_conjugate(glob[p]), glob[i])
+            else:
+                glob[i] = local[i] if p < 0 else R.quat_multiply(glob[p], local[i])
+    return SkeletonState(tree, t.rest_root.copy(), R.quat_normalize(local))
+
+
+# -- ground ---------------------------------------------------------------------------------------------
+
+
+def _lowest_points(desc, body_pos, body_rot) -> np.ndarray | None:
+    """``[frames]`` lowest world z over the collision geoms of ``desc`` (None if it has none usable)."""
+    from ..asset.desc import GeomType
+
+    geoms = [
+        g
+        for g in getattr(desc, "geoms", ())
+        if g.body >= 0
+        and g.collides
+        and g.type in (GeomType.SPHERE, GeomType.CAPSULE, GeomType.CYLINDER, GeomType.BOX, GeomType.ELLIPSOID)
+    ]
+    if not geoms:
+        return None
+    gb = np.array([g.body for g in geoms])
+    gpos = np.array([g.pos for g in geoms])
+    gq = np.array([g.quat_wxyz for g in geoms])
+    size = np.array([g.size for g in geoms])
+    kind = [g.type for g in geoms]
+    rot = R.quat_multiply(body_rot[:, gb], gq)  # [T, G, 4]
+    centre_z = body_pos[:, gb, 2] + R.quat_rotate(body_rot[:, gb], gpos)[..., 2]
+    w, x, y, z = (rot[..., k] for k in range(4))
+    rz = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # row 2 of the matrix
+    ext = np.zeros(centre_z.shape)
+    for k, gt in enumerate(kind):
+        r = rz[:, k]
+        s = size[k]
+        if gt is GeomType.SPHERE:
+            ext[:, k] = s[0]
+        elif gt is GeomType.CAPSULE:
+            ext[:, k] = np.abs(r[:, 2]) * s[1] + s[0]
+        elif gt is GeomType.CYLINDER:
+            ext[:, k] = np.abs(r[:, 2]) * s[1] + s[0] * np.sqrt(np.clip(1 - r[:, 2] ** 2, 0, 1))
+        elif gt is GeomType.BOX:
+            ext[:, k] = np.abs(r) @ s
+        else:  # ellipsoid
+            ext[:, k] = np.sqrt(((r * s) ** 2).sum(-1))
+    return (centre_z - ext).min(axis=1)
+
+
+# -- articulation-aware steps ------------------------------------------------------------------------------
+
+
+def _rot_joints(desc, b):
+    from ..asset.desc import JointType
+
+    js = [desc.joints[j] for j in desc.bodies[b].joints]
+    return [j for j in js if j.type is not JointType.FIXED], js
+
+
+def _is_complete(desc, b) -> bool:
+    """Whether body ``b``'s joints reach every rotation (free, ball, or 3 hinges a1 _|_ a2 _|_ a3 at its origin)."""
+    from ..asset.desc import JointType
+
+    js, _ = _rot_joints(desc, b)
+    if len(js) == 1 and js[0].type in (JointType.FREE, JointType.BALL):
+        return True
+    if len(js) == 3 and all(j.type is JointType.HINGE for j in js) and all(np.allclose(j.anchor, 0) for j in js):
+        a = [np.asarray(j.axis) / np.linalg.norm(j.axis) for j in js]
+        return abs(a[0] @ a[1]) < 1e-6 and abs(a[1] @ a[2]) < 1e-6
+    return False
+
+
+@dataclass(frozen=True, eq=False)
+class _HingeStep:
+    parent: int
+    body: int
+    child: int
+    axis: np.ndarray  # [3] in the body frame
+    lo: float  # limits relative to ref (rad)
+    hi: float
+
+
+def _hinge_plan(desc, mapped: np.ndarray) -> list[_HingeStep]:
+    from ..asset.desc import JointType
+
+    steps, used_parents = [], set()
+    for b, body in enumerate(desc.bodies):
+        js, _ = _rot_joints(desc, b)
+        p = body.parent
+        if p < 0 or not (mapped[b] and mapped[p]) or p in used_parents:
+            continue
+        if len(js) != 1 or js[0].type is not JointType.HINGE or not np.allclose(js[0].anchor, 0):
+            continue
+        if not _is_complete(desc, p) or np.linalg.norm(body.pos) < 1e-6:
+            continue
+        kids = [c for c, cb in enumerate(desc.bodies) if cb.parent == b and np.linalg.norm(cb.pos) > 1e-6]
+        if not kids:
+            continue
+        j = js[0]
+        lo, hi = (j.range[0] - j.ref, j.range[1] - j.ref) if j.limited else (-np.inf, np.inf)
+        steps.append(_HingeStep(p, b, kids[0], np.asarray(j.axis, float) / np.linalg.norm(j.axis), lo, hi))
+        used_parents.add(p)
+    return steps
+
+
+def _wrap(x):
+    return (x + np.pi) % (2 * np.pi) - np.pi
+
+
+def _project_hinge(G: np.ndarray, desc, st: _HingeStep) -> None:
+    """In place on world rotations ``G [T, N, 4]``: see ``RetargetConfig.project_hinges``."""
+    rest = np.asarray(desc.bodies[st.body].quat_wxyz)
+    u = np.asarray(desc.bodies[st.body].pos, float)
+    u = u / np.linalg.norm(u)  # parent -> body bone, parent frame
+    d = np.asarray(desc.bodies[st.child].pos, float)  # body -> child bone, body frame
+    a = st.axis
+    Gp, Gb = G[:, st.parent], G[:, st.body]
+    J = R.quat_multiply(R.quat_conjugate(rest), R.quat_multiply(R.quat_conjugate(Gp), Gb))  # joint rotation
+    v_body = R.quat_rotate(J, d)  # where the child should be, in the rest-rotated body frame
+    u_b = R.quat_rotate(R.quat_conjugate(rest), u)
+    A = u_b @ (d - a * (a @ d))
+    B = u_b @ np.cross(a, d)
+    C = (u_b @ a) * (a @ d)
+    rho = math.hypot(A, B)
+    if rho < 1e-9:
+        return
+    c = np.clip((v_body @ u_b - C) / rho, -1.0, 1.0)
+    base, delta = math.atan2(B, A), np.arccos(c)
+    th = np.stack([_wrap(base + delta), _wrap(base - delta)], axis=-1)  # [T, 2]: both bends that reach
+    _, twist = R.quat_swing_twist(J, a)
+    th0 = 2 * np.arctan2(twist[..., 1:] @ a, twist[..., 0])  # the plain swing-twist answer
+    outside = np.maximum(st.lo - th, 0) + np.maximum(th - st.hi, 0)
+    cost = outside * 1e3 + np.abs(_wrap(th - _wrap(th0)[:, None]))
+    pick = th[np.arange(len(th)), np.argmin(cost, axis=1)]
+    Jn = R.quat_from_axis_angle(a, pick)
+    w = R.quat_rotate(rest, R.quat_rotate(Jn, d))  # child bone with the hinge, parent frame
+    v = R.quat_rotate(rest, v_body)
+    w_perp = w - np.outer(w @ u, u)
+    v_perp = v - np.outer(v @ u, u)
+    phi = np.arctan2(np.cross(w_perp, v_perp) @ u, (w_perp * v_perp).sum(-1))
+    Gp_new = R.quat_multiply(Gp, R.quat_from_axis_angle(u, phi))
+    G[:, st.parent] = Gp_new
+    G[:, st.body] = R.quat_multiply(Gp_new, R.quat_multiply(rest, Jn))
+
+
+# -- result and algorithm --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RetargetResult:
+    """Result of :func:`retarget`.
+
+    Attributes:
+        motion: :class:`~kangengine.animation.SkeletonMotion` on the target tree (for an articulation:
+            ``SkeletonTree.from_articulation(desc)``, local rotations including the bodies' rest rotations):
+            ``root_translation [frames, 3]`` m, ``local_rotation [frames, nodes, 4]`` WXYZ, the source fps,
+            the source's float dtype.
+        source_tpose: the source T-pose used (``SkeletonState``).
+        target_tpose: the target T-pose used (``SkeletonState``).
+        scale: the root-translation scale applied.
+        ground_shift: m added to the root height by the ground fix (``root_height_offset`` included): a float,
+            or ``[frames]`` for ``GroundFix.ROLLING_MIN``.
+        mapped_target_joints: target joints driven by a source joint.
+        unmapped_target_joints: target joints kept at their T-pose local rotation (including mapped bodies of
+            an articulation that have no joint: they follow their parent rigidly).
+        rigid_target_joints: mapped articulation bodies without a joint (a subset of the unmapped ones).
+        projected_joints: bodies whose single hinge was fitted by ``project_hinges``.
+    """
+
+    motion: SkeletonMotion
+    source_tpose: SkeletonState
+    target_tpose: SkeletonState
+    scale: float
+    ground_shift: float | np.ndarray
+    mapped_target_joints: tuple[str, ...]
+    unmapped_target_joints: tuple[str, ...]
+    rigid_target_joints: tuple[str, ...] = ()
+    projected_joints: tuple[str, ...] = ()
+
+
+def _check_names(names: Sequence[str], tree: SkeletonTree, side: str, path=None):
+    missing = [n for n in names if n not in tree.node_names]
+    if missing:
+        raise UnknownNameError(
+            f"{side} joints {missing} of the joint map are not in the {side} skeleton; its nodes "
+            f"are: {', '.join(tree.node_names)}",
+            path=path,
+            item="joint_mapping",
+        )
+
+
+def _auto_scale(src_tpose: SkeletonState, tgt_tpose: SkeletonState, src_idx, tgt_idx) -> float:
+    ps = src_tpose.global_translation[src_idx]
+    pt = tgt_tpose.global_translation[tgt_idx]
+    hs = ps[0, 2] - ps[:, 2].min()
+    ht = pt[0, 2] - pt[:, 2].min()
+    if hs <= 1e-9 or ht <= 1e-9:
+        raise ShapeError("scale='auto' needs T-poses whose mapped root is above other mapped joints", item="scale")
+    return float(ht / hs)
+
+
+def retarget(
+    source: SkeletonMotion,
+    config: RetargetConfig | str,
+    target=None,
+    *,
+    source_tpose: SkeletonState | None = None,
+    target_tpose: SkeletonState | None = None,
+) -> RetargetResult:
+    """Retarget a motion onto another skeleton (see the module documentation for the algorithm).
+
+    Args:
+        source: ``SkeletonMotion`` (numpy or torch; computed in float64, returned in the source's dtype).
+        config: a :class:`RetargetConfig` or the name of a shipped one (:func:`list_retarget_configs`).
+        target: the target: ``ArticulationDesc`` (or a model file path, or a coordinate layout), a
+            ``SkeletonTree``, or a ``SkeletonState`` whose pose is the target's rest pose. Default: the
+            configuration's ``target_asset`` (a shipped example model).
+        source_tpose: the source T-pose (``SkeletonState`` on the source tree); default
+            ``make_tpose(source.tree, config.source_tpose)`` (the source's rest pose, e.g. a BVH T-pose).
+        target_tpose: the target T-pose on the target tree; default ``make_tpose(target, config.target_tpose)``.
+
+    Returns:
+        :class:`RetargetResult`.
+
+    Raises:
+        UnknownNameError: a mapped joint missing from a skeleton (the message lists the skeleton's nodes);
+        FormatError: the target's root is not mapped; ShapeError: bad inputs.
+    """
+    if isinstance(config, str):
+        config = load_retarget_config(config)
+    if not isinstance(source, SkeletonMotion):
+        raise ShapeError(f"source is {type(source).__name__}; expected a SkeletonMotion", item="source")
+    if target is None:
+        if config.target_asset is None:
+            raise ShapeError(
+                f"configuration {config.name!r} names no shipped target model; pass target=", item="target"
+            )
+        from ..examples import data_path
+
+        target = data_path(config.target_asset)
+    tgt = _as_target(target)
+    src = source.numpy()
+    dtype = src.local_rotation.dtype if src.local_rotation.dtype in (np.float32, np.float64) else np.float64
+    if config.trim_frames is not None:
+        b, e = config.trim_frames
+        e = src.num_frames if e == -1 else min(e, src.num_frames)
+        if b >= e:
+            raise ShapeError(f"trim_frames {config.trim_frames} leave no frame of {src.num_frames}", item="trim_frames")
+        src = src[b:e]
+    jm = dict(config.joint_mapping)
+    _check_names(list(jm), src.tree, "source")
+    _check_names(list(jm.values()), tgt.tree, "target")
+    root_name = tgt.tree.node_names[0]
+    inv = {v: k for k, v in jm.items()}
+    if root_name not in inv:
+        raise FormatError(
+            f"the target root {root_name!r} is not mapped; map a source joint (the pelvis) to it", item="joint_mapping"
+        )
+    if source_tpose is None:
+        source_tpose = _tpose_of(_as_target(src.tree), config.source_tpose)
+    else:
+        source_tpose = source_tpose.numpy()
+        _check_names(list(jm), source_tpose.tree, "source T-pose")
+    if target_tpose is None:
+        target_tpose = _tpose_of(tgt, config.target_tpose)
+    else:
+        target_tpose = target_tpose.numpy()
+        if target_tpose.tree.node_names != tgt.tree.node_names:
+            raise UnknownNameError(
+                f"the target T-pose has nodes {target_tpose.tree.node_names}; expected the "
+                f"target's {tgt.tree.node_names}",
+                item="target_tpose",
+            )
+    if source_tpose.batch_shape != () or target_tpose.batch_shape != ():
+        raise ShapeError("T-poses must be single poses (batch shape ())", item="tpose")
+
+    tgt_names = tgt.tree.node_names
+    tgt_mapped = np.array([n in inv for n in tgt_names])
+    rigid = []
+    if tgt.desc is not None:  # a body without joints cannot turn against its parent: it follows it at rest
+        for k in np.flatnonzero(tgt_mapped):
+            if k > 0 and not _rot_joints(tgt.desc, k)[0]:
+                tgt_mapped[k] = False
+                rigid.append(tgt_names[k])
+    tgt_idx = np.flatnonzero(tgt_mapped)
+    src_idx = np.array([src.tree.index(inv[tgt_names[k]]) for k in tgt_idx])
+    srcT_idx = np.array([source_tpose.tree.index(inv[tgt_names[k]]) for k in tgt_idx])
+
+    Q = config.rotation_wxyz
+    Qc = R.quat_conjugate(Q)
+    Gs = np.asarray(src.global_rotation, dtype=np.float64)[:, src_idx]  # [T, M, 4]
+    Gst = np.asarray(source_tpose.global_rotation, dtype=np.float64)[srcT_idx]  # [M, 4]
+    Gtt = np.asarray(target_tpose.global_rotation, dtype=np.float64)  # [N, 4]
+    delta = R.quat_multiply(R.quat_multiply(Q, R.quat_multiply(Gs, R.quat_conjugate(Gst))), Qc)
+    G_mapped = R.quat_normalize(R.quat_multiply(delta, Gtt[tgt_idx]))
+
+    parents = tgt.tree.parent_indices
+    T = src.num_frames
+    n = tgt.tree.num_nodes
+    tpose_local = np.asarray(target_tpose.local_rotation, dtype=np.float64)
+    G = np.empty((T, n, 4))
+    G[:, tgt_idx] = G_mapped
+    if not tgt_mapped.all():  # unmapped joints follow their parent with the T-pose local rotation
+        for k in np.flatnonzero(~tgt_mapped):  # parent-first order: the parent's G is final
+            p = parents[k]
+            G[:, k] = tpose_local[k] if p < 0 else R.quat_multiply(G[:, p], tpose_local[k])
+    projected = []
+    if config.project_hinges and tgt.desc is not None:
+        steps = _hinge_plan(tgt.desc, tgt_mapped)
+        for st in steps:
+            _project_hinge(G, tgt.desc, st)
+            projected.append(tgt_names[st.body])
+        if steps and not tgt_mapped.all():  # re-place unmapped bodies under projected parents
+            for k in np.flatnonzero(~tgt_mapped):
+                p = parents[k]
+                if p >= 0:
+                    G[:, k] = R.quat_multiply(G[:, p], tpose_local[k])
+    local = R.quat_multiply(R.quat_conjugate(G[:, np.where(parents < 0, 0, parents)]), G)
+    local[:, parents < 0] = G[:, parents < 0]
+    unmapped_local = np.flatnonzero(~tgt_mapped)
+    local[:, unmapped_local] = tpose_local[unmapped_local]  # exact, not through round-off
+    local = R.quat_normalize(local)
+
+    src_root = np.asarray(src.global_translation, dtype=np.float64)[:, src.tree.index(inv[root_name])]
+    src_tpose_root = np.asarray(source_tpose.global_translation, dtype=np.float64)[
+        source_tpose.tree.index(inv[root_name])
+    ]
+    scale = config.scale
+    if scale == "auto":
+        scale = _auto_scale(source_tpose, target_tpose, srcT_idx, tgt_idx)
+    root = np.asarray(target_tpose.root_translation, dtype=np.float64) + scale * R.quat_rotate(
+        Q, src_root - src_tpose_root
+    )
+
+    meta = dict(src.metadata)
+    meta["retarget"] = {
+        "config": config.name,
+        "scale": float(scale),
+        "rotation_wxyz": [float(x) for x in Q],
+        "source_fps": src.fps,
+        "trim_frames": None if config.trim_frames is None else list(config.trim_frames),
+    }
+    motion = SkeletonMotion(tgt.tree, root, local, src.fps, metadata=meta, skip_checks=True)
+    shift = 0.0
+    if config.ground_fix is not GroundFix.NONE:
+        pos = motion.global_translation
+        low = None
+        if config.ground_reference is GroundReference.COLLISION_GEOMS and tgt.desc is not None:
+            low = _lowest_points(tgt.desc, pos, motion.global_rotation)
+        if low is None:
+            low = pos[..., 2].min(axis=1)
+        if config.ground_fix is GroundFix.ROLLING_MIN:
+            from scipy.ndimage import minimum_filter1d, uniform_filter1d
+
+            width = max(1, int(round(config.ground_window_s * src.fps)) | 1)
+            shift = -uniform_filter1d(minimum_filter1d(low, width, mode="nearest"), width, mode="nearest")
+        else:
+            shift = -float(low.min() if config.ground_fix is GroundFix.CLIP_MIN else low[0])
+    shift = shift + config.root_height_offset
+    root = root.copy()
+    root[:, 2] += shift
+    meta["retarget"]["ground_shift"] = float(np.mean(shift))
+    motion = SkeletonMotion(tgt.tree, root.astype(dtype), local.astype(dtype), src.fps, metadata=meta)
+    return RetargetResult(
+        motion=motion,
+        source_tpose=source_tpose,
+        target_tpose=target_tpose,
+        scale=float(scale),
+        ground_shift=shift,
+        mapped_target_joints=tuple(tgt_names[k] for k in np.flatnonzero(tgt_mapped)),
+        unmapped_target_joints=tuple(n for n, m in zip(tgt_names, tgt_mapped) if not m),
+        rigid_target_joints=tuple(rigid),
+        projected_joints=tuple(projected),
+    )
+
+
+#: The same function as :func:`retarget`, under a name that does not shadow the module in
+#: ``kangengine.animation`` (``ke.animation.retarget_motion(...)``).
+retarget_motion = retarget
