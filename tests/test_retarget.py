@@ -404,3 +404,21 @@ def test_cmu_fbx_reproduces_poselib_amp_walk(cmu_fbx, amp_desc, walk):
     res = rt.retarget(cmu_fbx, "cmu_to_amp", amp_desc)
     err, how = _align_to_reference(res.motion, walk)
     assert err <= 0.03, f"best alignment {how}: mean body error {err:.3f} m"
+
+
+def test_cgspeed_name_variants_and_layout_targets(cmu_desc):
+    # 01_01 names the finger joints LFingers/RFingers where 02_01 says LeftHandIndex1/RightHandIndex1
+    hops = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))[:600]
+    assert "LFingers" in hops.tree.node_names and "LeftHandIndex1" not in hops.tree.node_names
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=cmu_desc, free_root=True)
+    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid")
+    a = rt.retarget(hops, cfg.replace(ground_reference="body_origins"), cmu_desc)
+    b = rt.retarget(hops, cfg.replace(ground_reference="body_origins"), layout)  # same joints, no geoms needed
+    np.testing.assert_allclose(a.motion.global_translation, b.motion.global_translation, atol=1e-6)
+    assert b.projected_joints == a.projected_joints and b.rigid_target_joints == a.rigid_target_joints
+    i = cmu_desc.body_index("lfingers")
+    assert "lfingers" in a.mapped_target_joints and not np.allclose(
+        a.motion.local_rotation[:, i], a.motion.local_rotation[:1, i]
+    )
+    with pytest.raises(UnknownNameError, match=r"LeftHandIndex1\|LFingerz"):
+        rt.retarget(hops, cfg.replace(joint_mapping={"Hips": "root", "LeftHandIndex1|LFingerz": "lfingers"}), cmu_desc)

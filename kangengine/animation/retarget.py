@@ -174,6 +174,8 @@ class RetargetConfig:
 
     Attributes:
         joint_mapping: ``{source joint: target joint}`` (read-only mapping). The target's root must be mapped.
+            A key may list alternative source names separated by ``|`` (``"LeftHandIndex1|LFingers"``: the
+            cgspeed BVH releases name the finger joint either way); the first one the source has is used.
         rotation_wxyz: ``[4]`` rotation ``Q`` from the source world to the target world (applied to the
             source motion and the source T-pose).
         scale: root-translation scale (target size / source size, in the source's length unit), or
@@ -408,6 +410,7 @@ class _Target:
     rest_local: np.ndarray  # [n, 4]
     rest_root: np.ndarray  # [3]
     desc: object | None  # ArticulationDesc when known (for geoms)
+    art: _Articulation | None = None  # joints of an articulation target
 
 
 def _as_target(target) -> _Target:
@@ -421,11 +424,11 @@ def _as_target(target) -> _Target:
     if isinstance(target, ArticulationDesc):
         tree = SkeletonTree.from_articulation(target)
         rest = np.array([b.quat_wxyz for b in target.bodies], dtype=np.float64)
-        return _Target(tree, rest, tree.local_translation[0].copy(), target)
+        return _Target(tree, rest, tree.local_translation[0].copy(), target, _Articulation.from_desc(target))
     if isinstance(target, ArticulationCoordinateLayout):
         tree = SkeletonTree.from_articulation(target)
         rest = np.asarray(target.rest_rotations_wxyz, dtype=np.float64)
-        return _Target(tree, rest, tree.local_translation[0].copy(), None)
+        return _Target(tree, rest, tree.local_translation[0].copy(), None, _Articulation.from_layout(target))
     if isinstance(target, SkeletonTree):
         return _Target(target, R.quat_identity(target.num_nodes), target.local_translation[0].copy(), None)
     if isinstance(target, SkeletonState):
@@ -520,22 +523,79 @@ def _lowest_points(desc, body_pos, body_rot) -> np.ndarray | None:
 # -- articulation-aware steps ------------------------------------------------------------------------------
 
 
-def _rot_joints(desc, b):
-    from ..asset.desc import JointType
+@dataclass(frozen=True)
+class _Joint:
+    type: object  # JointType
+    axis: np.ndarray
+    anchor: np.ndarray
+    limits: tuple[float, float] | None
+    ref: float
 
-    js = [desc.joints[j] for j in desc.bodies[b].joints]
-    return [j for j in js if j.type is not JointType.FIXED], js
+
+@dataclass(frozen=True, eq=False)
+class _Articulation:
+    """What the articulation-aware steps need, from an ``ArticulationDesc`` or a coordinate layout."""
+
+    parents: np.ndarray
+    pos: np.ndarray  # [n, 3] rest parent_from_body translations
+    quat: np.ndarray  # [n, 4] rest parent_from_body rotations
+    joints: tuple[tuple[_Joint, ...], ...]  # rotational and sliding joints per body (fixed ones dropped)
+
+    @classmethod
+    def from_desc(cls, desc) -> _Articulation:
+        from ..asset.desc import JointType
+
+        joints = []
+        for body in desc.bodies:
+            js = []
+            for j in (desc.joints[i] for i in body.joints):
+                if j.type is JointType.FIXED:
+                    continue
+                lim = (float(j.range[0]), float(j.range[1])) if j.limited else None
+                js.append(_Joint(j.type, np.asarray(j.axis, float), np.asarray(j.anchor, float), lim, float(j.ref)))
+            joints.append(tuple(js))
+        return cls(
+            np.array([b.parent for b in desc.bodies]),
+            np.array([b.pos for b in desc.bodies]),
+            np.array([b.quat_wxyz for b in desc.bodies]),
+            tuple(joints),
+        )
+
+    @classmethod
+    def from_layout(cls, layout) -> _Articulation:
+        from ..asset.desc import JointType
+
+        joints = [[] for _ in layout.body_names]
+        for b in layout.blocks:
+            if b.joint_type is JointType.FIXED:
+                continue
+            axis = np.zeros(3) if b.axis is None else np.asarray(b.axis, float)
+            joints[b.body_index].append(
+                _Joint(
+                    b.joint_type,
+                    axis,
+                    np.asarray(b.anchor, float),
+                    None if b.limits is None else tuple(b.limits),
+                    float(b.ref),
+                )
+            )
+        return cls(
+            np.asarray(layout.parent_indices),
+            np.asarray(layout.rest_positions, float),
+            np.asarray(layout.rest_rotations_wxyz, float),
+            tuple(tuple(j) for j in joints),
+        )
 
 
-def _is_complete(desc, b) -> bool:
+def _is_complete(art: _Articulation, b) -> bool:
     """Whether body ``b``'s joints reach every rotation (free, ball, or 3 hinges a1 _|_ a2 _|_ a3 at its origin)."""
     from ..asset.desc import JointType
 
-    js, _ = _rot_joints(desc, b)
+    js = art.joints[b]
     if len(js) == 1 and js[0].type in (JointType.FREE, JointType.BALL):
         return True
     if len(js) == 3 and all(j.type is JointType.HINGE for j in js) and all(np.allclose(j.anchor, 0) for j in js):
-        a = [np.asarray(j.axis) / np.linalg.norm(j.axis) for j in js]
+        a = [j.axis / np.linalg.norm(j.axis) for j in js]
         return abs(a[0] @ a[1]) < 1e-6 and abs(a[1] @ a[2]) < 1e-6
     return False
 
@@ -550,26 +610,25 @@ class _HingeStep:
     hi: float
 
 
-def _hinge_plan(desc, mapped: np.ndarray) -> list[_HingeStep]:
+def _hinge_plan(art: _Articulation, mapped: np.ndarray) -> list[_HingeStep]:
     from ..asset.desc import JointType
 
     steps, used_parents = [], set()
-    for b, body in enumerate(desc.bodies):
-        js, _ = _rot_joints(desc, b)
-        p = body.parent
+    for b, p in enumerate(art.parents):
+        js = art.joints[b]
         if p < 0 or not (mapped[b] and mapped[p]) or p in used_parents:
             continue
         if len(js) != 1 or js[0].type is not JointType.HINGE or not np.allclose(js[0].anchor, 0):
             continue
-        if not _is_complete(desc, p) or np.linalg.norm(body.pos) < 1e-6:
+        if not _is_complete(art, p) or np.linalg.norm(art.pos[b]) < 1e-6:
             continue
-        kids = [c for c, cb in enumerate(desc.bodies) if cb.parent == b and np.linalg.norm(cb.pos) > 1e-6]
+        kids = [c for c, cp in enumerate(art.parents) if cp == b and np.linalg.norm(art.pos[c]) > 1e-6]
         if not kids:
             continue
         j = js[0]
-        lo, hi = (j.range[0] - j.ref, j.range[1] - j.ref) if j.limited else (-np.inf, np.inf)
-        steps.append(_HingeStep(p, b, kids[0], np.asarray(j.axis, float) / np.linalg.norm(j.axis), lo, hi))
-        used_parents.add(p)
+        lo, hi = (j.limits[0] - j.ref, j.limits[1] - j.ref) if j.limits is not None else (-np.inf, np.inf)
+        steps.append(_HingeStep(int(p), b, kids[0], j.axis / np.linalg.norm(j.axis), lo, hi))
+        used_parents.add(int(p))
     return steps
 
 
@@ -577,12 +636,11 @@ def _wrap(x):
     return (x + np.pi) % (2 * np.pi) - np.pi
 
 
-def _project_hinge(G: np.ndarray, desc, st: _HingeStep) -> None:
+def _project_hinge(G: np.ndarray, art: _Articulation, st: _HingeStep) -> None:
     """In place on world rotations ``G [T, N, 4]``: see ``RetargetConfig.project_hinges``."""
-    rest = np.asarray(desc.bodies[st.body].quat_wxyz)
-    u = np.asarray(desc.bodies[st.body].pos, float)
-    u = u / np.linalg.norm(u)  # parent -> body bone, parent frame
-    d = np.asarray(desc.bodies[st.child].pos, float)  # body -> child bone, body frame
+    rest = art.quat[st.body]
+    u = art.pos[st.body] / np.linalg.norm(art.pos[st.body])  # parent -> body bone, parent frame
+    d = art.pos[st.child]  # body -> child bone, body frame
     a = st.axis
     Gp, Gb = G[:, st.parent], G[:, st.body]
     J = R.quat_multiply(R.quat_conjugate(rest), R.quat_multiply(R.quat_conjugate(Gp), Gb))  # joint rotation
@@ -659,6 +717,24 @@ def _check_names(names: Sequence[str], tree: SkeletonTree, side: str, path=None)
         )
 
 
+def _resolve_sources(mapping: dict, tree: SkeletonTree) -> dict:
+    """Keys may list alternative source names, ``"LeftHandIndex1|LFingers"``: the first one in ``tree`` is used."""
+    out, missing = {}, []
+    for key, target in mapping.items():
+        found = next((a for a in key.split("|") if a in tree.node_names), None)
+        if found is None:
+            missing.append(key)
+        else:
+            out[found] = target
+    if missing:
+        raise UnknownNameError(
+            f"source joints {missing} of the joint map are not in the source skeleton; its nodes "
+            f"are: {', '.join(tree.node_names)}",
+            item="joint_mapping",
+        )
+    return out
+
+
 def _auto_scale(src_tpose: SkeletonState, tgt_tpose: SkeletonState, src_idx, tgt_idx) -> float:
     ps = src_tpose.global_translation[src_idx]
     pt = tgt_tpose.global_translation[tgt_idx]
@@ -717,8 +793,7 @@ def retarget(
         if b >= e:
             raise ShapeError(f"trim_frames {config.trim_frames} leave no frame of {src.num_frames}", item="trim_frames")
         src = src[b:e]
-    jm = dict(config.joint_mapping)
-    _check_names(list(jm), src.tree, "source")
+    jm = _resolve_sources(dict(config.joint_mapping), src.tree)
     _check_names(list(jm.values()), tgt.tree, "target")
     root_name = tgt.tree.node_names[0]
     inv = {v: k for k, v in jm.items()}
@@ -747,9 +822,9 @@ def retarget(
     tgt_names = tgt.tree.node_names
     tgt_mapped = np.array([n in inv for n in tgt_names])
     rigid = []
-    if tgt.desc is not None:  # a body without joints cannot turn against its parent: it follows it at rest
+    if tgt.art is not None:  # a body without joints cannot turn against its parent: it follows it at rest
         for k in np.flatnonzero(tgt_mapped):
-            if k > 0 and not _rot_joints(tgt.desc, k)[0]:
+            if k > 0 and not tgt.art.joints[k]:
                 tgt_mapped[k] = False
                 rigid.append(tgt_names[k])
     tgt_idx = np.flatnonzero(tgt_mapped)
@@ -775,10 +850,10 @@ def retarget(
             p = parents[k]
             G[:, k] = tpose_local[k] if p < 0 else R.quat_multiply(G[:, p], tpose_local[k])
     projected = []
-    if config.project_hinges and tgt.desc is not None:
-        steps = _hinge_plan(tgt.desc, tgt_mapped)
+    if config.project_hinges and tgt.art is not None:
+        steps = _hinge_plan(tgt.art, tgt_mapped)
         for st in steps:
-            _project_hinge(G, tgt.desc, st)
+            _project_hinge(G, tgt.art, st)
             projected.append(tgt_names[st.body])
         if steps and not tgt_mapped.all():  # re-place unmapped bodies under projected parents
             for k in np.flatnonzero(~tgt_mapped):
