@@ -22,6 +22,9 @@ __all__ = [
     "UnknownNameError",
     "MotionError",
     "MissingDependencyError",
+    "UnknownMotionError",
+    "MixedSkeletonError",
+    "BVHFrameCountWarning",
 ]
 
 
@@ -99,3 +102,15 @@ class MissingDependencyError(KangEngineError, ImportError):
 
 class LayoutSignatureWarning(UserWarning):
     """Data was made for a layout with the same nq/nv but a different ``model_signature``."""
+
+
+class UnknownMotionError(KangEngineError, IndexError):
+    """A motion id that is not in a motion library (the message gives the valid range)."""
+
+
+class MixedSkeletonError(MotionError):
+    """Clips on different skeletons (node names, parents or rest translations differ)."""
+
+
+class BVHFrameCountWarning(UserWarning):
+    """The ``Frames:`` line of a BVH file disagrees with the number of motion rows (the rows are used)."""

@@ -55,9 +55,11 @@ from ..errors import (
     KangEngineError,
     LayoutMismatch,
     LayoutSignatureWarning,
+    MixedSkeletonError,
     MotionError,
     NonFiniteError,
     ShapeError,
+    UnknownMotionError,
     UnknownNameError,
 )
 from .skeleton import SkeletonMotion, SkeletonTree
@@ -78,14 +80,6 @@ __all__ = [
 LIBRARY_FORMAT = "kangengine.motion_library"
 LIBRARY_FORMAT_VERSION = 1
 _GROUP_FRAMES = 1 << 17  # frames registered per numpy chunk (bounds float64 temporaries)
-
-
-class UnknownMotionError(KangEngineError, IndexError):
-    """A motion id that is not in the library (the message gives the valid range)."""
-
-
-class MixedSkeletonError(MotionError):
-    """Clips on different skeletons (node names, parents or rest translations differ)."""
 
 
 class Interpolation(str, enum.Enum):

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
-from ..errors import FileMissingError, FormatError, ShapeError
+from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
 from . import axes
 
 __all__ = ["load_bvh", "save_bvh", "BVH_LENGTH_UNITS", "BVHFrameCountWarning"]
@@ -58,10 +58,6 @@ _CHANNEL_NAME = {
     "zrotation": "Zrotation",
 }
 _UP_AXES = ("auto", "y", "z")
-
-
-class BVHFrameCountWarning(UserWarning):
-    """The ``Frames:`` line of a BVH file disagrees with the number of motion rows (the rows are used)."""
 
 
 # ------------------------------------------------------------------------------------------------------
