@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -386,6 +387,21 @@ class JointFrames:
     joint_rotations_wxyz: object
 
 
+_PROGRAMS: OrderedDict[TreePlan, dict[str, Callable]] = OrderedDict()
+_PROGRAMS_MAX = 64  # plans whose traced programs are kept (least recently built dropped first)
+
+
+def _programs(plan: TreePlan) -> dict[str, Callable]:
+    progs = _PROGRAMS.get(plan)
+    if progs is None:
+        progs = _PROGRAMS[plan] = {}
+        while len(_PROGRAMS) > _PROGRAMS_MAX:
+            _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(plan)
+    return progs
+
+
 class BodyKinematics:
     """Forward kinematics over a :class:`TreePlan`, for numpy arrays and torch tensors.
 
@@ -394,7 +410,9 @@ class BodyKinematics:
 
     def __init__(self, plan: TreePlan):
         self.plan = plan
-        self._compiled: dict[str, Callable] = {}
+        # Traced programs are shared by every instance with an equal plan (a skeleton loaded again,
+        # the same robot in another layout object): tracing and compiling costs tens of milliseconds.
+        self._compiled: dict[str, Callable] = _programs(plan)
 
     # articulation coordinates ------------------------------------------------------------------------
     def _traced_coordinates(self, local: bool):
