@@ -22,8 +22,9 @@ ball                        the joint quaternion ``J``, sign-continuous in time;
 3 hinges                    closed-form generalised (Davenport) Euler angles for any axes with
                             consecutive axes not parallel (Shuster & Markley 2003); both branches;
                             a few Gauss-Newton steps where the rotation is out of reach of the axes
-parallel consecutive axes,  vectorised Gauss-Newton on the rotation error, seeded by the closed form of
-or more than 3 hinges       the chain with parallel axes merged and by coordinate sweeps
+parallel consecutive axes,  consecutive parallel axes merged (angle split evenly), then the closed form
+or more than 3 hinges       above (first three axes; further hinges at ``ref``), both branches; frames out
+                            of its reach refined by vectorised Gauss-Newton anchored to it
 slides                      held at ``ref`` (zero displacement): a skeleton carries no joint
                             translations the mapper would trust
 fixed / no joint            nothing to solve; residual = angle between ``J`` and the identity
@@ -60,6 +61,7 @@ _COST_ANGLE_WEIGHT = 1e-3  # branch choice: limit violation first, then small an
 _COST_RESIDUAL_WEIGHT = 10.0
 _GIMBAL_SIN = 1e-2  # below this sin(alpha), the third Davenport angle comes from the remainder
 _REFINE_TOL = 1e-7  # rad: Gauss-Newton refines frames whose closed-form residual exceeds this
+_CHAIN_REG = 1e-10  # redundant chains: weight of |theta|^2 (picks the smallest of equivalent angles)
 _CHUNK = 4096  # frames per block in the per-frame stage (keeps temporaries in cache)
 
 
@@ -211,31 +213,18 @@ def _chain_residual(J: np.ndarray, axes: np.ndarray, theta: np.ndarray) -> np.nd
     return _quat_angle_wxyz(E[..., 0], E[..., 1], E[..., 2], E[..., 3])
 
 
-def _chain_sweeps(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, sweeps: int) -> np.ndarray:
-    """Coordinate ascent: each angle set to its exact optimum with the others fixed."""
-    n = axes.shape[0]
-    theta = theta.copy()
-    for _ in range(sweeps):
-        for i in range(n):
-            e = _axis_quats(axes, theta)
-            pre = R.quat_identity(J.shape[:-1], dtype=J.dtype)
-            for j in range(i):
-                pre = R.quat_multiply(pre, e[..., j, :])
-            suf = R.quat_identity(J.shape[:-1], dtype=J.dtype)
-            for j in range(i + 1, n):
-                suf = R.quat_multiply(suf, e[..., j, :])
-            K = R.quat_multiply(R.quat_multiply(R.quat_conjugate(pre), J), R.quat_conjugate(suf))
-            theta[..., i] = 2.0 * np.arctan2(K[..., 1:] @ axes[i], K[..., 0])
-    return theta
-
-
-def _chain_gauss_newton(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, iters: int = 12) -> np.ndarray:
-    """Damped Gauss-Newton (Levenberg-Marquardt) on ``log(chain(theta)^-1 J)``, vectorised over samples.
+def _chain_gauss_newton(
+    J: np.ndarray, axes: np.ndarray, theta: np.ndarray, iters: int = 12, reg: float = 0.0, anchor=None
+) -> np.ndarray:
+    """Damped Gauss-Newton (Levenberg-Marquardt) on ``|log(chain(theta)^-1 J)|^2 + reg |theta - anchor|^2``
+    (``anchor`` defaults to the seed), vectorised over samples.
 
     ``J [N, 4]`` unit quaternions, ``axes [n, 3]``, seed ``theta [N, n]``. The error ``E = p^-1 J`` is in
     the body frame; a step ``delta`` changes it to ``exp(-G delta) E`` with ``G[:, i]`` the i-th axis seen
-    from the end of the chain, so ``delta = (G^T G + lam I)^-1 G^T log(E)``. Steps that do not lower the
-    residual are refused and the damping raised (per sample).
+    from the end of the chain, so ``delta = (G^T G + (reg + lam) I)^-1 (G^T log(E) - reg (theta - anchor))``.
+    A tiny ``reg`` picks, among equally good angles (redundant chains), those nearest the seed, so a seed
+    continuous in time gives a solution continuous in time. Steps that do not lower the objective are
+    refused and the damping raised (per sample).
     """
     n = axes.shape[0]
     N = J.shape[0]
@@ -243,14 +232,19 @@ def _chain_gauss_newton(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, iter
         return theta
     theta = np.array(theta, dtype=np.float64)
     J = np.asarray(J, dtype=np.float64)
+    anchor = theta.copy() if anchor is None else np.asarray(anchor, dtype=np.float64)
 
     def error(th):
         E = R.quat_multiply(R.quat_conjugate(_chain_quat(axes, th)), J)
         E = np.where(E[:, :1] < 0, -E, E)
         return R.quat_to_rotvec(E)
 
+    def objective(err, th):
+        d = th - anchor
+        return np.einsum("ni,ni->n", err, err) + reg * np.einsum("ni,ni->n", d, d)
+
     err = error(theta)
-    res = np.linalg.norm(err, axis=-1)
+    res = objective(err, theta)
     lam = np.full(N, 1e-9)
     eye = np.eye(n)
     for _ in range(iters):
@@ -260,12 +254,12 @@ def _chain_gauss_newton(J: np.ndarray, axes: np.ndarray, theta: np.ndarray, iter
         for i in range(n - 1, -1, -1):
             G[:, :, i] = R.quat_rotate_inverse(suf, np.broadcast_to(axes[i], (N, 3)))
             suf = R.quat_multiply(e[:, i, :], suf)
-        H = np.einsum("nki,nkj->nij", G, G) + lam[:, None, None] * eye
-        g = np.einsum("nki,nk->ni", G, err)
+        H = np.einsum("nki,nkj->nij", G, G) + (reg + lam)[:, None, None] * eye
+        g = np.einsum("nki,nk->ni", G, err) - reg * (theta - anchor)
         delta = np.linalg.solve(H, g[..., None])[..., 0]
         cand = theta + delta
         err2 = error(cand)
-        res2 = np.linalg.norm(err2, axis=-1)
+        res2 = objective(err2, cand)
         better = res2 <= res
         theta = np.where(better[:, None], cand, theta)
         err = np.where(better[:, None], err2, err)
@@ -505,7 +499,8 @@ def _merge_parallel(axes: np.ndarray):
 
 
 def _closed_form_seeds(J: np.ndarray, axes: np.ndarray) -> list[np.ndarray]:
-    """Closed-form solutions ``[M, m]`` of a chain with at most 3 (non-degenerate) axes."""
+    """Closed-form solutions ``[M, m]`` of a chain without consecutive parallel axes: one (1 or 2 axes) or
+    the two Davenport branches of the first three axes, further angles at zero."""
     comps = tuple(np.ascontiguousarray(J[:, i]) for i in range(4))
     m = axes.shape[0]
     ax = tuple(_snapv(a) for a in axes)
@@ -523,31 +518,30 @@ def _closed_form_seeds(J: np.ndarray, axes: np.ndarray) -> list[np.ndarray]:
     return [np.concatenate([out[0], pad], axis=-1), np.concatenate([out[1], pad], axis=-1)]
 
 
-def _solve_chain(J: np.ndarray, axes: np.ndarray):
-    """Any hinge chain on one body: ``J [M, 4]`` unit float64, ``axes [n, 3]`` -> (angles ``[M, n]`` in
-    [-pi, pi], residual ``[M]``). Seeds: coordinate sweeps from zero, and the closed form of the chain with
-    consecutive parallel axes merged (their angle then split evenly); each refined by Gauss-Newton; the
-    best per sample is kept."""
+def _solve_chain(J: np.ndarray, axes: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Any other hinge chain on one body (consecutive parallel axes, 4+ hinges): ``J [M, 4]`` unit
+    float64, ``axes [n, 3]`` -> candidate solutions ``(angles [M, n] in [-pi, pi], residual [M])``.
+
+    Consecutive parallel axes are merged (their angle is split evenly), which leaves a chain without
+    degenerate triples; its closed form (1 or 2 hinges; the two Davenport branches of the first three, the
+    others at zero) gives one or two candidates, continuous in time like the closed forms themselves. Frames
+    the closed form does not reach are refined by Gauss-Newton anchored to it (``_CHAIN_REG``).
+    """
     M, n = J.shape[0], axes.shape[0]
-    seeds = [_chain_sweeps(J, axes, np.zeros((M, n)), sweeps=3)]
     red, members, signs = _merge_parallel(axes)
+    out = []
     for th_red in _closed_form_seeds(J, red):
         th = np.empty((M, n))
         for r, mem in enumerate(members):
             for i in mem:
                 th[:, i] = signs[i] * th_red[:, r] / len(mem)
-        seeds.append(th)
-    best_th, best_r = None, None
-    for seed in seeds:
-        th = _chain_gauss_newton(J, axes, seed)
-        r = _chain_residual(J, axes, th)
-        if best_th is None:
-            best_th, best_r = th, r
-        else:
-            take = r < best_r - 1e-12
-            best_th = np.where(take[:, None], th, best_th)
-            best_r = np.where(take, r, best_r)
-    return _wrap(best_th), best_r
+        res = _chain_residual(J, axes, th)
+        bad = res > _REFINE_TOL
+        if bad.any():
+            th[bad] = _chain_gauss_newton(J[bad], axes, th[bad], iters=20, reg=_CHAIN_REG)
+            res[bad] = _chain_residual(J[bad], axes, th[bad])
+        out.append((_wrap(th), res))
+    return out
 
 
 def _body_plan(layout: ArticulationCoordinateLayout, b: int):
@@ -651,6 +645,11 @@ class ArticulationMotionMapper:
             )
         self._davenport = {g.axes: _Davenport(g.axes) for g in self._groups if g.kind == _HINGE3}
         self._group_rest_identity = {id(g): bool(np.all(self._rest_is_identity[g.bodies])) for g in self._groups}
+        self._two_branch_slow = {
+            id(g): (g.kind == _HINGE3 and not g.complete)
+            or (g.kind == _CHAIN and len(_merge_parallel(np.array(g.axes))[0]) >= 3)
+            for g in self._groups
+        }
         self._hinge_q = np.array(hinge_q, dtype=np.int64)
         self._hinge_v = np.array(hinge_v, dtype=np.int64)
         self._hinge_ref = np.array(hinge_ref, dtype=np.float64)
@@ -990,11 +989,12 @@ class ArticulationMotionMapper:
         dt = L.dtype
         hq = self._hinge_q
         fast = [g for g in self._groups if g.kind == _HINGE3 and g.complete]
-        slow = [g for g in self._groups if g.kind == _HINGE3 and not g.complete]
+        # two solutions per frame, followed over time: non-complete triplets and chains that reduce to 3+ axes
+        slow = [g for g in self._groups if self._two_branch_slow[id(g)]]
         cross = {id(g): np.zeros((N, len(g.bodies)), dtype=bool) for g in fast}
         dcost = {id(g): np.empty((N, len(g.bodies)), dtype=dt) for g in fast}
         both = {
-            id(g): (np.empty((2, N, len(g.bodies), 3), dtype=dt), np.empty((2, N, len(g.bodies)), dtype=dt))
+            id(g): (np.empty((2, N) + g.hinge_cols.shape, dtype=dt), np.empty((2, N, len(g.bodies)), dtype=dt))
             for g in slow
         }
         carry: dict = {}
@@ -1017,9 +1017,16 @@ class ArticulationMotionMapper:
                 elif g.kind == _CHAIN:
                     k, n = g.hinge_cols.shape
                     Jn = R.quat_normalize(np.stack(comps, axis=-1).astype(np.float64)).reshape(-1, 4)
-                    th, r = _solve_chain(Jn, np.array(g.axes, dtype=np.float64))
-                    q[s:e, qcols.reshape(-1)] = th.reshape(e - s, k * n)
-                    residual[s:e, g.bodies] = r.reshape(e - s, k)
+                    cands = _solve_chain(Jn, np.array(g.axes, dtype=np.float64))
+                    if len(cands) == 1:
+                        th, r = cands[0]
+                        q[s:e, qcols.reshape(-1)] = th.reshape(e - s, k * n)
+                        residual[s:e, g.bodies] = r.reshape(e - s, k)
+                    else:
+                        th2, res2 = both[id(g)]
+                        for br, (th, r) in enumerate(cands):
+                            th2[br, s:e] = th.reshape(e - s, k, n)
+                            res2[br, s:e] = r.reshape(e - s, k)
                 elif g.complete:
                     self._fast_block(g, comps, q, s, e, cross[id(g)], dcost[id(g)], carry, time_axis)
                 else:
