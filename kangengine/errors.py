@@ -25,6 +25,7 @@ __all__ = [
     "UnknownMotionError",
     "MixedSkeletonError",
     "BVHFrameCountWarning",
+    "UnitsWarning",
 ]
 
 
@@ -114,3 +115,7 @@ class MixedSkeletonError(MotionError):
 
 class BVHFrameCountWarning(UserWarning):
     """The ``Frames:`` line of a BVH file disagrees with the number of motion rows (the rows are used)."""
+
+
+class UnitsWarning(UserWarning):
+    """A loaded skeleton has an implausible size for its declared units (e.g. a human 16 m tall)."""

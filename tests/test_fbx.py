@@ -9,6 +9,7 @@ Slerp for the keys.
 from __future__ import annotations
 
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -21,6 +22,9 @@ from kangengine.errors import FileMissingError, FormatError, UnknownNameError
 from kangengine.io import axes, load_fbx
 
 pytest.importorskip("pyassimp", reason="pyassimp (fbx extra) and Debian libassimp5 are needed to read FBX")
+
+# Most tests read the CMU file with its declared (wrong) unit on purpose; the warning is tested once below.
+pytestmark = pytest.mark.filterwarnings("ignore::kangengine.errors.UnitsWarning")
 
 CMU = "fbx/07_01_cmu.fbx"
 BLENDER = ["fbx/animation_with_skeleton.fbx", "fbx/huesitos.fbx"]
@@ -220,7 +224,11 @@ def test_cmu_fbx_world_positions_equal_pyassimp_composition():
 
 
 def test_cmu_fbx_in_metres_with_the_cmu_unit():
-    m = load_fbx(data_file(CMU), scale=ke.io.BVH_LENGTH_UNITS["cmu"])
+    with pytest.warns(ke.errors.UnitsWarning, match=r"25\.5 m tall.*BVH_LENGTH_UNITS\['cmu'\]"):
+        load_fbx(data_file(CMU))  # the file declares centimetres for CMU length units
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ke.errors.UnitsWarning)
+        m = load_fbx(data_file(CMU), scale=ke.io.BVH_LENGTH_UNITS["cmu"])
     hips = m.root_translation[:, 2]
     assert 0.8 < float(hips.mean()) < 1.0  # hips about 0.9 m above the floor, Z up
     feet = m.global_translation[:, [m.tree.index("LeftToeBase"), m.tree.index("RightToeBase")], 2]

@@ -39,12 +39,13 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .. import rotations as R
-from ..errors import FileMissingError, FormatError, MissingDependencyError, UnknownNameError
+from ..errors import FileMissingError, FormatError, MissingDependencyError, UnitsWarning, UnknownNameError
 from . import axes
 
 __all__ = ["load_fbx", "fbx_take_names"]
@@ -498,13 +499,33 @@ def load_fbx(
         "assimp_version": ".".join(str(v) for v in scene.assimp_version),
         "frames_from_keys": fps is None,
     }
-    return SkeletonMotion(
+    motion = SkeletonMotion(
         tree,
         lt[:, 0].astype(dtype),
         lq.astype(dtype),
         out_fps,
         None if per_frame_t is None else per_frame_t.astype(dtype),
         metadata=meta,
+    )
+    _warn_if_implausible(motion, p, unit_scale_factor)
+    return motion
+
+
+def _warn_if_implausible(motion, path, unit_scale_factor: float) -> None:
+    """The file's declared unit is honoured; a mocap-sized skeleton (>= 20 nodes) that comes out
+    taller than 3 m or shorter than 0.2 m in the first frame is reported with a :class:`UnitsWarning`."""
+    if motion.tree.num_nodes < 20:
+        return
+    z = np.asarray(motion[0].global_translation)[:, 2]
+    height = float(z.max() - z.min())
+    if 0.2 <= height <= 3.0:
+        return
+    warnings.warn(
+        f"{os.fspath(path)}: the skeleton is {height:.3g} m tall in its first frame with the file's declared unit "
+        f"(UnitScaleFactor {unit_scale_factor:g} cm); if the file's unit is wrong, pass scale= (for CMU mocap "
+        f"units: scale=kangengine.io.BVH_LENGTH_UNITS['cmu'])",
+        UnitsWarning,
+        stacklevel=3,
     )
 
 
