@@ -706,3 +706,31 @@ def test_every_joint_structure_is_continuous_over_a_smooth_motion(synth):
         else:  # redundant: another, equally exact split, which must not jump either
             jump = np.abs(np.diff(got[:, cols], axis=0)).max(axis=1)
             assert np.all(jump <= 3.0 * (step[:, b] + 1e-4)), name
+
+
+def test_real_cmu_clip_retargeted_onto_the_cmu_humanoid_is_continuous():
+    """22.9 s of real CMU mocap (jumps and turns), read from BVH and retargeted onto the CMU humanoid: no
+    hinge moves further between two frames than (a little more than) its body's wanted rotation does."""
+    import kangengine as ke
+    from kangengine.examples import data_path
+
+    source = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))
+    retargeted = ke.animation.retarget_motion(source, "cmu_bvh_to_cmu_humanoid").motion
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_path("humanoid_CMU.xml")))
+    mapper = ArticulationMotionMapper(layout)
+    res = mapper.to_articulation_motion(retargeted)
+    q = res.motion.q.astype(np.float64)
+    assert q.shape == (2752, layout.nq) and np.isfinite(res.residual_angles).all()
+    local = np.asarray(retargeted.local_rotation, dtype=np.float64)
+    step = R.quat_angle_between(local[1:], local[:-1])  # [frames - 1, bodies]: the motion itself
+    for b, name in enumerate(layout.body_names):
+        cols = [blk.q_offset for blk in _hinge_blocks(layout, b)]
+        if cols:
+            jump = np.abs(np.diff(q[:, cols], axis=0)).max(axis=1)
+            assert np.all(jump <= 1.5 * (step[:, b] + 1e-3)), name
+    assert np.all(np.sum(q[1:, 3:7] * q[:-1, 3:7], axis=-1) > 0.99)  # root quaternion sign-continuous
+    # what the joints reproduce is the retargeted motion, up to the reported residuals
+    _, rot = layout.local_transforms(q)
+    wanted = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz), local)
+    got = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz), rot)
+    np.testing.assert_allclose(R.quat_angle_between(got, wanted)[:, 1:], res.residual_angles[:, 1:], atol=2e-4)
