@@ -641,23 +641,22 @@ def quat_slerp(q0, q1, t):
     """Spherical linear interpolation along the shortest path, constant angular speed.
 
     ``slerp(q0, q1, t) = q0 * exp(t * log(q0^-1 q1))`` with the shortest ``log``; ``q1`` is
-    sign-flipped when ``q0 . q1 < 0``. Inputs are normalised first. For nearly equal endpoints the
-    result falls back to :func:`quat_nlerp` (identical to machine precision there).
+    sign-flipped when ``q0 . q1 < 0``. Below ``sin(theta) = 1e-6`` (``theta`` the 4-D angle between
+    the inputs) it is :func:`quat_nlerp`, identical there to machine precision. The maths is the same
+    for any component order, so XYZW quaternions interpolate correctly too.
 
     Args:
-        q0: ``(..., 4)`` unit WXYZ quaternions at ``t = 0``.
-        q1: ``(..., 4)`` unit WXYZ quaternions at ``t = 1``.
+        q0: ``(..., 4)`` unit quaternions at ``t = 0``.
+        q1: ``(..., 4)`` unit quaternions at ``t = 1``.
         t: ``(...)`` interpolation parameters (usually in ``[0, 1]``); a scalar or broadcastable.
 
     Returns:
-        ``(..., 4)`` unit WXYZ quaternions (broadcast batch shape), same type, dtype and device.
+        ``(..., 4)`` unit quaternions (broadcast batch shape), same type, dtype and device.
     """
     ops, q0, q1, t = _interp_prepare(q0, q1, t, "quat_slerp")
-    q0 = _normalize(ops, q0)
-    q1 = _normalize(ops, q1)
-    # Angle between the two 4-vectors (half the relative rotation angle), accurate at both ends.
-    theta = 2.0 * ops.atan2(_norm(ops, q1 - q0, keepdims=True), _norm(ops, q1 + q0, keepdims=True))
-    sin_theta = ops.sin(theta)
+    d = ops.clip(ops.abs(ops.sum(q0 * q1, axis=-1, keepdims=True)), 0.0, 1.0)
+    sin_theta = ops.sqrt(ops.clip(1.0 - d * d, 0.0, 1.0))
+    theta = ops.atan2(sin_theta, d)
     small = sin_theta < 1e-6
     safe = ops.where(small, ops.ones_like(sin_theta), sin_theta)
     s0 = ops.where(small, 1.0 - t, ops.sin((1.0 - t) * theta) / safe)

@@ -342,7 +342,7 @@ def test_motion_library_backend_state():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_shared_blend_helpers_equal_rotations_slerp(dtype):
-    """The lean torch blends of pack_sample equal rotations.quat_slerp (quaternions and rotation vectors)."""
+    """The rotation-vector blend of pack_sample equals rotations.quat_slerp."""
     torch = pytest.importorskip("torch")
     from kangengine.adapters import _common as C
 
@@ -353,9 +353,7 @@ def test_shared_blend_helpers_equal_rotations_slerp(dtype):
     r1 = r0 + torch.randn(n, k, 3, generator=gen, dtype=dt) * torch.tensor([0.0, 1e-5, 0.3, 2.0], dtype=dt)[:, None]
     t = torch.rand(n, 1, generator=gen, dtype=dt)
     want = R.quat_slerp(R.quat_from_rotvec(r0), R.quat_from_rotvec(r1), t)
-    got = C.slerp_torch(R.quat_from_rotvec(r0), R.quat_from_rotvec(r1), t[..., None])
     tol = 1e-5 if dtype == "float32" else 1e-12
-    assert float(R.quat_angle_between(got, want).max()) < 10 * tol
     cols = np.arange(k * 3).reshape(k, 3)
     parts = C.slerp_rotvec_columns(r0.reshape(n, -1), r1.reshape(n, -1), t, cols)
     got_rv = torch.stack(parts, dim=-1)

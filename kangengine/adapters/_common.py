@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import rotations as R
 from ..asset.desc import JointType
 from ..errors import LayoutMismatch, ShapeError
 
@@ -156,14 +157,13 @@ def torch_index(index: np.ndarray, like):
     return torch.as_tensor(index, dtype=torch.long, device=like.device)
 
 
-def blend_frames(x0, x1, blend, quat_columns=None, *, scalar_first=True):
+def blend_frames(x0, x1, blend, quat_columns=None):
     """Blend native frames: lerp every column, then slerp the quaternion column groups.
 
     Args:
         x0, x1: ``[n, width]`` torch tensors.
         blend: ``[n]`` weight of ``x1``.
-        quat_columns: ``[k, 4] int64`` column indices of each quaternion, in storage order.
-        scalar_first: the quaternions are stored ``(w, x, y, z)`` (else ``(x, y, z, w)``).
+        quat_columns: ``[k, 4] int64`` column indices of each quaternion, in storage order (WXYZ or XYZW).
     Returns:
         ``[n, width]``.
     """
@@ -174,33 +174,9 @@ def blend_frames(x0, x1, blend, quat_columns=None, *, scalar_first=True):
         k = len(quat_columns)
         qa = x0[:, cols].reshape(-1, k, 4)
         qb = x1[:, cols].reshape(-1, k, 4)
-        if not scalar_first:
-            qa = qa[..., [3, 0, 1, 2]]
-            qb = qb[..., [3, 0, 1, 2]]
-        qs = slerp_torch(qa, qb, t.reshape(-1, 1, 1))
-        if not scalar_first:
-            qs = qs[..., [1, 2, 3, 0]]
-        out[:, cols] = qs.reshape(-1, k * 4)
+        # slerp is the same maths in any component order, so XYZW columns need no permutation
+        out[:, cols] = R.quat_slerp(qa, qb, t).reshape(-1, k * 4)
     return out
-
-
-def slerp_torch(qa, qb, t):
-    """Shortest-path slerp of torch quaternions ``[..., 4]`` (any component order) with ``t`` broadcastable
-    to ``[..., 1]``; unit inputs assumed. Fewer kernels than the general ``rotations.quat_slerp`` (the hot
-    path of ``pack_sample``); nlerp below 1e-6 rad, where the two agree to rounding."""
-    import torch
-
-    d = (qa * qb).sum(-1, keepdim=True)
-    qb = torch.where(d < 0, -qb, qb)
-    d = d.abs().clamp(max=1.0)
-    sin_theta = torch.sqrt((1.0 - d * d).clamp(min=0.0))
-    theta = torch.atan2(sin_theta, d)
-    small = sin_theta < 1e-6
-    safe = torch.where(small, torch.ones_like(sin_theta), sin_theta)
-    s0 = torch.where(small, 1.0 - t, torch.sin((1.0 - t) * theta) / safe)
-    s1 = torch.where(small, t, torch.sin(t * theta) / safe)
-    out = s0 * qa + s1 * qb
-    return out / out.norm(dim=-1, keepdim=True)
 
 
 def slerp_rotvec_columns(x0, x1, t, cols):

@@ -213,7 +213,7 @@ class NewtonMotionAdapter:
     def pack_sample(self, frames0: dict, frames1: dict, blend, *, root_offset=None) -> NewtonBuffers:
         """Blend gathered frames (torch ``[n, ...]``): lerp, shortest-path slerp for the XYZW quaternions;
         ``root_offset [n, 3]`` is added to the free root position."""
-        jq = C.blend_frames(frames0["joint_q"], frames1["joint_q"], blend, self._quat_cols, scalar_first=False)
+        jq = C.blend_frames(frames0["joint_q"], frames1["joint_q"], blend, self._quat_cols)
         jqd = C.blend_frames(frames0["joint_qd"], frames1["joint_qd"], blend)
         if root_offset is not None and self._root_pos_cols is not None:
             cols = C.torch_index(self._root_pos_cols, jq)

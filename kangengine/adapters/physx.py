@@ -373,7 +373,6 @@ class PhysXMotionAdapter:
             frames1["root_rotations_xyzw"],
             blend,
             np.array([[0, 1, 2, 3]]),
-            scalar_first=False,
         )
         for k in ("root_linear_velocities", "root_angular_velocities", "joint_velocities"):
             out[k] = C.blend_frames(frames0[k], frames1[k], blend)
