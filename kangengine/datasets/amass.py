@@ -53,6 +53,7 @@ import numpy as np
 from .. import rotations as R
 from ..animation.skeleton import SkeletonMotion, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, NonFiniteError, ShapeError
+from ..io import axes
 
 __all__ = [
     "BodyModelType",
@@ -563,7 +564,7 @@ def rest_joints(
     mt = BodyModelType(model_type)
     if model_dir is None:
         ms = _mean_shape()
-        C = R.quat_from_matrix(_yup_from_zup_matrix())
+        C = axes.QUAT_WXYZ_YUP_FROM_ZUP
         off = np.array(ms["offsets_mjcf"], dtype=np.float64)
         parents = np.array(ms["parents"], dtype=np.int64)
         local = R.quat_rotate(C, off)  # back to the SMPL model frame
@@ -620,17 +621,6 @@ def rest_joints(
     return RestJoints(mt, joints, parents, nb, os.fspath(path))
 
 
-@lru_cache(maxsize=1)
-def _yup_from_zup_matrix() -> np.ndarray:
-    # zup_from_yup maps (x, y, z) -> (z, x, y); this is its inverse, as a quaternion source.
-    return _zup_from_yup_matrix().T
-
-
-@lru_cache(maxsize=1)
-def _zup_from_yup_matrix() -> np.ndarray:
-    return np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
-
-
 def skeleton_tree(
     model_type: BodyModelType | str = "smpl",
     *,
@@ -653,7 +643,7 @@ def _tree_from_rest(rj: RestJoints) -> SkeletonTree:
     names = joint_names(rj.model_type)
     parents = rj.parents
     rel = rj.positions - rj.positions[np.where(parents < 0, 0, parents)]
-    off = rel @ _zup_from_yup_matrix().T
+    off = axes.vec_zup_from_yup(rel)
     off[0] = rj.positions[0]
     return SkeletonTree(names, parents, off)
 
@@ -677,7 +667,7 @@ def from_params(params: SMPLParams, *, model_dir: str | os.PathLike | None = Non
             stacklevel=3,
         )
     q = R.quat_from_rotvec(poses)  # [T, J, 4], SMPL frames
-    C = R.quat_from_matrix(_zup_from_yup_matrix())
+    C = axes.QUAT_WXYZ_ZUP_FROM_YUP
     Cinv = R.quat_conjugate(C)
     local = R.quat_multiply(R.quat_multiply(C, q), Cinv)
     local[:, 0] = R.quat_multiply(q[:, 0], Cinv)
