@@ -305,11 +305,35 @@ class ArticulationCoordinateLayout:
                 f"last dimension is {x.shape[-1]}; expected {n} for this layout", path=self.source, item=name
             )
 
+    @cached_property
+    def _tangent_runs(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]:
+        """``(runs, rotations)``: contiguous ``(q offset, qd offset, length)`` runs of the vector part
+        (hinges, slides, free translations), and the ``(q offset, qd offset)`` of every quaternion (free
+        rotation, balls). The maps below use plain slices: no index arrays, no host-device copies."""
+        runs: list[list[int]] = []
+        rots: list[tuple[int, int]] = []
+        for b in self.blocks:
+            if b.joint_type in (JointType.HINGE, JointType.SLIDE):
+                r = [b.q_offset, b.qd_offset, 1]
+            elif b.joint_type is JointType.FREE:
+                r = [b.q_offset, b.qd_offset, 3]
+                rots.append((b.q_offset + 3, b.qd_offset + 3))
+            else:
+                if b.joint_type is JointType.BALL:
+                    rots.append((b.q_offset, b.qd_offset))
+                continue
+            last = runs[-1] if runs else None
+            if last and last[0] + last[2] == r[0] and last[1] + last[2] == r[1]:
+                last[2] += r[2]
+            else:
+                runs.append(r)
+        return tuple(tuple(r) for r in runs), tuple(rots)
+
     def integrate(self, q, qd, dt=1.0):
         """Move ``q`` along ``qd`` for time ``dt`` on the configuration manifold.
 
         Args:
-            q: ``[..., nq]`` float, numpy or torch.
+            q: ``[..., nq]`` float, numpy or torch (any device; no host-device transfer happens).
             qd: ``[..., nv]`` in the canonical tangent convention (see the module docstring).
             dt: seconds, a scalar or ``[...]``.
         Returns:
@@ -319,22 +343,23 @@ class ArticulationCoordinateLayout:
 
         self._check("q", q, self.nq)
         self._check("qd", qd, self.nv)
-        ix = _indices(self._index, q)
         dt = _as_dt(dt, q)
+        dtv = dt[..., None] if getattr(dt, "ndim", 0) else dt
+        runs, rots = self._tangent_runs
         out = _copy(q)
-        if ix["vec_q"].shape[0]:
-            out[..., ix["vec_q"]] = q[..., ix["vec_q"]] + qd[..., ix["vec_v"]] * dt[..., None]
-        if ix["rot_q"].shape[0]:
-            w = qd[..., ix["rot_v"]] * dt[..., None, None]
-            quat = q[..., ix["rot_q"]]
-            out[..., ix["rot_q"]] = R.quat_normalize(R.quat_multiply(R.quat_from_rotvec(w), quat))
+        for q0, v0, k in runs:
+            out[..., q0 : q0 + k] = q[..., q0 : q0 + k] + qd[..., v0 : v0 + k] * dtv
+        for q0, v0 in rots:
+            w = qd[..., v0 : v0 + 3] * dtv
+            out[..., q0 : q0 + 4] = R.quat_normalize(R.quat_multiply(R.quat_from_rotvec(w), q[..., q0 : q0 + 4]))
         return out
 
     def difference(self, q1, q0, dt=1.0):
         """The tangent ``qd`` with ``integrate(q0, qd, dt) == q1`` (exact inverse of :meth:`integrate`).
 
         Args:
-            q1, q0: ``[..., nq]``. dt: seconds, scalar or ``[...]``.
+            q1, q0: ``[..., nq]`` (any device; no host-device transfer happens). dt: seconds, scalar or
+                ``[...]``.
         Returns:
             ``[..., nv]``: scalars ``(q1 - q0) / dt``; rotations ``log(q1 * q0^-1) / dt`` (shortest
             rotation, parent/world frame).
@@ -343,16 +368,18 @@ class ArticulationCoordinateLayout:
 
         self._check("q1", q1, self.nq)
         self._check("q0", q0, self.nq)
-        ix = _indices(self._index, q1)
         dt = _as_dt(dt, q1)
+        dtv = dt[..., None] if getattr(dt, "ndim", 0) else dt
+        runs, rots = self._tangent_runs
         shape = tuple(np.broadcast_shapes(tuple(q1.shape[:-1]), tuple(q0.shape[:-1]))) + (self.nv,)
         out = _zeros(q1, shape)
-        if ix["vec_q"].shape[0]:
-            out[..., ix["vec_v"]] = (q1[..., ix["vec_q"]] - q0[..., ix["vec_q"]]) / dt[..., None]
-        if ix["rot_q"].shape[0]:
-            a = R.quat_normalize(q1[..., ix["rot_q"]])
-            b = R.quat_normalize(q0[..., ix["rot_q"]])
-            out[..., ix["rot_v"]] = R.quat_to_rotvec(R.quat_multiply(a, R.quat_conjugate(b))) / dt[..., None, None]
+        for a, v0, k in runs:
+            out[..., v0 : v0 + k] = (q1[..., a : a + k] - q0[..., a : a + k]) / dtv
+        for a, v0 in rots:
+            rel = R.quat_multiply(
+                R.quat_normalize(q1[..., a : a + 4]), R.quat_conjugate(R.quat_normalize(q0[..., a : a + 4]))
+            )
+            out[..., v0 : v0 + 3] = R.quat_to_rotvec(rel) / dtv
         return out
 
     def interpolate(self, q0, q1, t):
@@ -463,6 +490,8 @@ def _indices(ix: dict, like) -> dict:
 
 
 def _as_dt(dt, like):
+    if isinstance(dt, (int, float)):
+        return float(dt)  # a Python scalar keeps the array's dtype and needs no device copy
     if _is_torch(like):
         import torch
 

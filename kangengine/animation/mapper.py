@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -850,44 +849,12 @@ class ArticulationMotionMapper:
         if n < 2:
             return qd
         dt = 1.0 / float(fps)
-        inv = 0.5 / dt
-        runs, rots = self._tangent_runs
-        scratch = np.empty((min(_CHUNK, n), lay.nq), dtype=q.dtype)
-        for s in range(1, n - 1, _CHUNK):  # interior, in cache-sized blocks of whole (contiguous) rows
-            e = min(s + _CHUNK, n - 1)
-            d = scratch[: e - s]
-            np.subtract(q[s + 1 : e + 1], q[s - 1 : e - 1], out=d)
-            d *= inv
-            for q0, v0, k in runs:
-                qd[s:e, v0 : v0 + k] = d[:, q0 : q0 + k]
-            for q0, v0 in rots:
-                qd[s:e, v0 : v0 + 3] = _log_relative(q[s + 1 : e + 1, q0 : q0 + 4], q[s - 1 : e - 1, q0 : q0 + 4]) * inv
+        qd[1:-1] = lay.difference(q[2:], q[:-2], 2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
         return qd
 
     # -- helpers ---------------------------------------------------------------------------------------
-    @cached_property
-    def _tangent_runs(self):
-        """Contiguous (q offset, qd offset, length) runs of the vector part of ``q`` (hinges, slides, free
-        translations) and the (q offset, qd offset) of every quaternion (free rotation, balls)."""
-        runs, rots = [], []
-        for b in self.layout.blocks:
-            if b.joint_type in (JointType.HINGE, JointType.SLIDE):
-                runs.append([b.q_offset, b.qd_offset, 1])
-            elif b.joint_type is JointType.FREE:
-                runs.append([b.q_offset, b.qd_offset, 3])
-                rots.append((b.q_offset + 3, b.qd_offset + 3))
-            elif b.joint_type is JointType.BALL:
-                rots.append((b.q_offset, b.qd_offset))
-        merged = []
-        for r in runs:
-            if merged and merged[-1][0] + merged[-1][2] == r[0] and merged[-1][1] + merged[-1][2] == r[1]:
-                merged[-1][2] += r[2]
-            else:
-                merged.append(r)
-        return [tuple(r) for r in merged], rots
-
     @property
     def _needs_local_translation(self) -> bool:
         return any(
@@ -1287,18 +1254,3 @@ def _abs_wrapped(x):
     """``|wrap(x)|`` for ``x`` in [-2 pi, 2 pi] (differences of angles in [-pi, pi])."""
     a = np.abs(x)
     return np.minimum(a, _TWO_PI - a, out=a)
-
-
-def _log_relative(a, b):
-    """``log(a b^-1)`` (shortest rotation vector, ``[m, 3]``) of quaternions ``a, b [m, 4]`` that need not
-    be unit, computed on contiguous components."""
-    ac = np.ascontiguousarray(a.T)
-    bc = np.ascontiguousarray(b.T)
-    w, x, y, z = _qmul_comps(tuple(ac), (bc[0], -bc[1], -bc[2], -bc[3]))
-    scale2 = np.sqrt(np.einsum("ij,ij->j", ac, ac) * np.einsum("ij,ij->j", bc, bc))  # |a| |b|
-    vn = np.sqrt(x * x + y * y + z * z)
-    angle = 2.0 * np.arctan2(vn, np.abs(w))
-    small = vn <= 1e-12 * scale2
-    f = np.where(small, 2.0 / scale2, angle / np.where(small, 1.0, vn))
-    f = np.where(w < 0, -f, f)
-    return np.stack([x * f, y * f, z * f], axis=-1)
