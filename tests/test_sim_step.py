@@ -76,7 +76,7 @@ def test_pendulum_chain_converges_first_order(tmp_path):
     model = _model(MJCFLoader.load(path), free_root=False)
     errors = []
     for n in (50, 100, 200, 400):
-        sim = Simulator(model, dt=t_end / n, iterations=1, line_search=0)
+        sim = Simulator(model, dt=t_end / n, iterations=1, line_search=False)
         st = State.from_q(model, q0, v0)
         for _ in range(n):
             st = sim.step(st).state
@@ -173,7 +173,7 @@ def test_joint_friction_torque_curve_matches_reference(tmp_path, stribeck):
     qd[:, 1:4] = np.abs(speeds)[:, None] * axes
     q = np.tile(model.layout.neutral(), (n, 1))
     h = 1e-3
-    sim = Simulator(model, dt=h, iterations=30, line_search=4)
+    sim = Simulator(model, dt=h, iterations=30)
     st = State.from_q(model, q, qd)
     new = sim.step(st).state
     mass = ke.sim.mass_matrix(model, st.q)
@@ -254,7 +254,7 @@ def test_effort_limit_clamps_and_reports(tmp_path):
     assert bool(res.drive_saturated[0, 0])
     np.testing.assert_allclose(res.drive_force[0, 0].item(), 3.0)
     mass = ke.sim.mass_matrix(model, st.q)[0, 0, 0].item()
-    np.testing.assert_allclose(res.state.qd[0, 0].item(), 3.0 / mass / 60, rtol=1e-5)
+    np.testing.assert_allclose(res.state.qd[0, 0].item(), 3.0 / mass / 60, rtol=1e-3)  # not 400 / mass / 60
 
 
 def test_limit_held_with_bounded_penetration(tmp_path):
@@ -338,8 +338,7 @@ def test_contact_points_match_mujoco_geoms_and_filter():
 
     geo = contact_geometry(model, compute_frames(model, torch.as_tensor(q)[None]))
     pos = geo.position[0].numpy()
-    valid = model.contact_valid.reshape(-1).numpy() > 0
-    for k in np.flatnonzero(valid):
+    for k in range(model.num_contact_points):
         g = m.geom(model.contact_point_geom[k])
         centre, axis, r = d.geom_xpos[g.id], d.geom_xmat[g.id].reshape(3, 3)[:, 2], m.geom_size[g.id][0]
         if m.geom_type[g.id] == mujoco.mjtGeom.mjGEOM_CAPSULE:
@@ -348,7 +347,7 @@ def test_contact_points_match_mujoco_geoms_and_filter():
         else:
             dist = np.linalg.norm(pos[k] + [0, 0, r] - centre)
         assert dist < 1e-12
-    assert int(valid.sum()) == 2 * 16 + 3  # 16 capsules (2 ends) + 3 spheres; the floor is not a link geom
+    assert model.num_contact_points == 2 * 16 + 3  # 16 capsules (2 ends) + 3 spheres; the floor is not a link geom
     pairs = {frozenset(p) for p in model.collision_filter_pairs}
     assert {"pelvis", "thigh_right"} in pairs  # adjacent
     assert {"thigh_right", "waist_lower"} in pairs  # MJCF <exclude>

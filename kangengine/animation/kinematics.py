@@ -379,13 +379,19 @@ class JointFrames:
         joint_positions: ``[..., S, 3]`` m, world position of each joint step's anchor.
         joint_rotations_wxyz: ``[..., S, 4]`` world rotation of the frame each joint step's axis and
             velocity are expressed in (just before the joint applies).
+        dof_axes: ``[..., V, 3]`` world unit axis of every velocity DOF of the steps, in order (hinge,
+            slide: the joint axis; ball: the three axes of its frame; free: world x, y, z for the
+            translation then for the rotation), ``V`` = the layout's ``nv``.
     """
 
     body_positions: object
     body_rotations_wxyz: object
     joint_positions: object
     joint_rotations_wxyz: object
+    dof_axes: object
 
+
+_STEP_DOFS = {"free": 6, "ball": 3, "hinge": 1, "slide": 1}
 
 _PROGRAMS: OrderedDict[TreePlan, dict[str, Callable]] = OrderedDict()
 _PROGRAMS_MAX = 64  # plans whose traced programs are kept (least recently built dropped first)
@@ -510,12 +516,14 @@ class BodyKinematics:
         else:
             mk = lambda *shape: np.empty(shape, dtype=q2.dtype)
             on_cpu = True
+        nd = sum(_STEP_DOFS[st.kind] for steps in self.plan.steps for st in steps)
         out_p, out_r, out_jp, out_jr = mk(n, nb, 3), mk(n, nb, 4), mk(n, ns, 3), mk(n, ns, 4)
+        out_ax = mk(n, nd, 3)
 
         def chunk(s, e):
             qt = q2[s:e].T
             qt = qt.contiguous() if _is_torch(qt) else np.ascontiguousarray(qt)
-            fn(qt, xp, out_p, out_r, out_jp, out_jr, s, e)
+            fn(qt, xp, out_p, out_r, out_jp, out_jr, out_ax, s, e)
 
         _run_chunks(n, chunk, on_cpu)
         return JointFrames(
@@ -523,6 +531,7 @@ class BodyKinematics:
             body_rotations_wxyz=out_r.reshape(lead + (nb, 4)),
             joint_positions=out_jp.reshape(lead + (ns, 3)),
             joint_rotations_wxyz=out_jr.reshape(lead + (ns, 4)),
+            dof_axes=out_ax.reshape(lead + (nd, 3)),
         )
 
     def _traced_joint_frames(self):
@@ -542,16 +551,26 @@ class BodyKinematics:
             gp, gr = _compose(plan, lambda b: _local_from_steps(plan, b, qcol, ns, rec[b]))
             outs = [("out_p", b, gp[b]) for b in range(plan.num_bodies)]
             outs += [("out_r", b, gr[b]) for b in range(plan.num_bodies)]
-            k = 0
+            k = d = 0
+            eye = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
             for b, parent in enumerate(plan.parents):
-                for jp, jr in rec[b]:
+                for st, (jp, jr) in zip(plan.steps[b], rec[b]):
                     if parent >= 0:
                         jp = _vadd(gp[parent], _qrot(gr[parent], jp))
                         jr = _qmul(gr[parent], jr)
                     outs += [("out_jp", k, jp), ("out_jr", k, jr)]
                     k += 1
+                    if st.kind == "free":
+                        axes = eye + eye
+                    elif st.kind == "ball":
+                        axes = tuple(_qrot(jr, e) for e in eye)
+                    else:
+                        axes = (_qrot(jr, st.axis),)
+                    for ax in axes:
+                        outs.append(("out_ax", d, ax))
+                        d += 1
             fn = self._compiled["joints"] = _compile(
-                tr, "qt, xp, out_p, out_r, out_jp, out_jr, s, e", outs, "fk_joints"
+                tr, "qt, xp, out_p, out_r, out_jp, out_jr, out_ax, s, e", outs, "fk_joints"
             )
         return fn
 

@@ -4,13 +4,14 @@ point stiffnesses to the tree.
 Every supported geom is a set of contact spheres fixed to its link (sphere: its centre; capsule: its two
 end spheres, which is exact against a plane; box: its 8 corners; cylinder: 8 points on each rim). A
 sphere of radius ``r`` centred at height ``z`` penetrates the ground ``z = ground_height`` by
-``depth = r - (z - ground_height)``; its contact point is its lowest point. Slots are padded per contact
-body (``Model.contact_valid`` is 0 on padding), so shapes never change.
+``depth = r - (z - ground_height)``; its contact point is its lowest point. The number of points ``C`` is
+fixed per model, so shapes never change.
 
 Point forces and point stiffnesses enter the tree like point masses do: a force ``f`` at ``r`` (relative
-to the reference origin) is the spatial force ``(r x f, f)`` on its body; a 3x3 stiffness ``K`` at ``r``
-is the 6x6 matrix ``P^T K P`` with ``P = [-[r]x, I]``, summed per body and assembled by the composite
-rigid body product, which is far cheaper than forming contact Jacobians.
+to the reference origin) is the spatial force ``(r x f, f)`` on its body; a diagonal world-axis stiffness
+``diag(k_t, k_t, k_n)`` at ``r`` is the 6x6 matrix ``P^T K P`` with ``P = [-[r]x, I]``, which is a point
+"mass" ``k_t`` (a spatial inertia) plus a rank-one normal part. Both are summed per body and assembled by
+the composite rigid body product, much cheaper than forming contact Jacobians.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dynamics import _cross
+from .dynamics import _cross, apply_inertia
 from .kinematics import Frames
 from .model import Model
 
@@ -28,7 +29,8 @@ __all__ = [
     "contact_geometry",
     "point_velocities",
     "point_forces_to_bodies",
-    "point_stiffness_to_bodies",
+    "point_stiffness_features",
+    "apply_point_stiffness",
     "contact_force_per_body",
 ]
 
@@ -40,7 +42,7 @@ class ContactGeometry:
     Attributes:
         position: ``[W, C, 3]`` m, world position of each contact point (lowest point of its sphere).
         offset: ``[W, C, 3]`` m, the same relative to the reference origin (root origin).
-        depth: ``[W, C]`` m, penetration into the ground (positive inside, 0 weight on padding slots).
+        depth: ``[W, C]`` m, penetration into the ground (positive inside).
     """
 
     position: torch.Tensor
@@ -49,17 +51,12 @@ class ContactGeometry:
 
 
 def contact_geometry(model: Model, fr: Frames) -> ContactGeometry:
-    """Contact points of every slot at the configuration of ``fr``."""
-    w = fr.body_pos.shape[0]
-    cb = model.contact_body
-    rot = fr.body_rot[:, cb]  # [W, Bc, 3, 3]
-    centre = (
-        fr.body_pos[:, cb, None] + torch.matmul(rot[:, :, None], model.contact_point_local[None, ..., None])[..., 0]
-    )
-    centre = centre.reshape(w, -1, 3)
-    radius = model.contact_radius.reshape(-1)
-    lowest = centre - torch.stack([torch.zeros_like(radius), torch.zeros_like(radius), radius], -1)
-    depth = radius - (centre[..., 2] - model.contact.ground_height)
+    """Contact points at the configuration of ``fr``."""
+    pb = model.contact_point_body
+    centre = fr.body_pos[:, pb] + torch.matmul(fr.body_rot[:, pb], model.contact_point_local[..., None])[..., 0]
+    radius = model.contact_radius
+    lowest = torch.cat([centre[..., :2], (centre[..., 2] - radius)[..., None]], dim=-1)
+    depth = model.contact.ground_height - lowest[..., 2]
     return ContactGeometry(position=lowest, offset=lowest - fr.origin[:, None], depth=depth)
 
 
@@ -70,14 +67,11 @@ def point_velocities(model: Model, twists: torch.Tensor, offset: torch.Tensor) -
     return tw[..., 3:] + _cross(tw[..., :3], offset)
 
 
-def _to_bodies(model: Model, per_slot: torch.Tensor) -> torch.Tensor:
-    """Sum ``[W, C, ...]`` over the slots of each contact body and place it in ``[W, B, ...]``."""
-    w = per_slot.shape[0]
-    nc, width = model.contact_valid.shape
-    rest = per_slot.shape[2:]
-    per_cbody = per_slot.reshape((w, nc, width) + rest).sum(2)
-    out = torch.zeros((w, model.num_bodies) + rest, dtype=per_slot.dtype, device=per_slot.device)
-    return out.index_copy(1, model.contact_body, per_cbody)
+def _to_bodies(model: Model, per_point: torch.Tensor) -> torch.Tensor:
+    """Sum ``[W, C, k]`` over the points of each body: ``[W, B, k]``."""
+    w, _, k = per_point.shape
+    out = torch.zeros((w, model.num_bodies, k), dtype=per_point.dtype, device=per_point.device)
+    return out.index_add_(1, model.contact_point_body, per_point)
 
 
 def point_forces_to_bodies(model: Model, offset: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
@@ -86,27 +80,51 @@ def point_forces_to_bodies(model: Model, offset: torch.Tensor, force: torch.Tens
     return _to_bodies(model, torch.cat([_cross(offset, force), force], dim=-1))
 
 
-def point_stiffness_to_bodies(model: Model, offset: torch.Tensor, stiffness: torch.Tensor) -> torch.Tensor:
-    """``[W, B, 6, 6]``: ``sum_points P^T diag(k) P`` per body for diagonal world-axis point stiffnesses
-    ``stiffness [W, C, 3]`` (rows of ``P``: ``(r x e_i, e_i)``)."""
-    w, c = offset.shape[:2]
+def point_stiffness_features(
+    model: Model, offset: torch.Tensor, k_tangent: torch.Tensor, k_normal: torch.Tensor
+) -> torch.Tensor:
+    """``[W, B, 16]`` per-body sums of point stiffnesses ``diag(k_t, k_t, k_n)`` (world axes) at ``offset``:
+    ten numbers of the point "mass" ``k_t`` (spatial-inertia form) then six moments of ``k_n - k_t``
+    (``sum d, d r_x, d r_y, d r_x^2, d r_x r_y, d r_y^2``). Apply with :func:`apply_point_stiffness`."""
     rx, ry, rz = offset.unbind(-1)
-    z = torch.zeros_like(rx)
-    o = torch.ones_like(rx)
-    rows = torch.stack(
+    kt = k_tangent
+    dk = k_normal - k_tangent
+    xx, yy, zz = rx * rx, ry * ry, rz * rz
+    feats = torch.stack(
         [
-            torch.stack([z, rz, -ry, o, z, z], -1),
-            torch.stack([-rz, z, rx, z, o, z], -1),
-            torch.stack([ry, -rx, z, z, z, o], -1),
+            kt,
+            kt * rx,
+            kt * ry,
+            kt * rz,
+            kt * (yy + zz),
+            kt * (xx + zz),
+            kt * (xx + yy),
+            -kt * rx * ry,
+            -kt * rx * rz,
+            -kt * ry * rz,
+            dk,
+            dk * rx,
+            dk * ry,
+            dk * xx,
+            dk * rx * ry,
+            dk * yy,
         ],
-        -2,
-    )  # [W, C, 3, 6]
-    nc, width = model.contact_valid.shape
-    rows = rows.reshape(w, nc, width * 3, 6)
-    weighted = rows * stiffness.reshape(w, nc, width * 3, 1)
-    per_cbody = torch.matmul(weighted.transpose(-1, -2), rows)  # [W, Bc, 6, 6]
-    out = torch.zeros((w, model.num_bodies, 6, 6), dtype=offset.dtype, device=offset.device)
-    return out.index_copy(1, model.contact_body, per_cbody)
+        dim=-1,
+    )
+    return _to_bodies(model, feats)
+
+
+def apply_point_stiffness(feat: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
+    """Stiffness features (``[..., 16]``, :func:`point_stiffness_features`) times motion vectors ``[..., 6]``:
+    the spatial force ``sum P^T K P s``."""
+    out = apply_inertia(feat[..., :10], motion)
+    t0, tx, ty, txx, txy, tyy = feat[..., 10:].unbind(-1)
+    a, b, z = motion[..., 0], motion[..., 1], motion[..., 5]
+    pn = ty * a - tx * b + t0 * z  # sum d p (p . s) with p = (r_y, -r_x, 0, 0, 0, 1)
+    m0 = tyy * a - txy * b + ty * z
+    m1 = -txy * a + txx * b - tx * z
+    zero = torch.zeros_like(m0)
+    return out + torch.stack([m0, m1, zero, zero, zero, pn], dim=-1)
 
 
 def contact_force_per_body(model: Model, force: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,10 @@ class Control:
 # -- friction ------------------------------------------------------------------------------------------
 
 
+def _is_zero(v) -> bool:
+    return isinstance(v, (int, float)) and v == 0
+
+
 def _safe(v_s):
     return torch.clamp(v_s, min=1e-30) if isinstance(v_s, torch.Tensor) else max(float(v_s), 1e-30)
 
@@ -109,8 +113,9 @@ def friction_phi(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     vf = falloff_vel
     lo = x * x / vf * (1.0 - x / (3.0 * vf))
     t = x - vf
-    vs = _safe(stribeck_vel)
-    hi = 2.0 * vf / 3.0 + ratio * t + (1.0 - ratio) * stribeck_vel * (math.sqrt(math.pi) / 2.0) * torch.erf(t / vs)
+    hi = 2.0 * vf / 3.0 + ratio * t
+    if not _is_zero(stribeck_vel):
+        hi = hi + (1.0 - ratio) * stribeck_vel * (math.sqrt(math.pi) / 2.0) * torch.erf(t / _safe(stribeck_vel))
     return torch.where(x < vf, lo, hi)
 
 
@@ -118,8 +123,11 @@ def friction_phi_derivative(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     """``phi'(x)``: the dry-friction force magnitude per unit ``mu_0`` at speed ``x >= 0``."""
     vf = falloff_vel
     lo = 2.0 * x / vf - x * x / (vf * vf)
-    t = (x - vf) / _safe(stribeck_vel)
-    hi = ratio + (1.0 - ratio) * torch.exp(-t * t)
+    if _is_zero(stribeck_vel):
+        hi = ratio + torch.zeros_like(x)
+    else:
+        t = (x - vf) / _safe(stribeck_vel)
+        hi = ratio + (1.0 - ratio) * torch.exp(-t * t)
     return torch.where(x < vf, lo, hi)
 
 

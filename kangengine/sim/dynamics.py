@@ -28,7 +28,9 @@ __all__ = [
     "potential_energy",
     "momentum",
     "spatial_inertias",
+    "apply_inertia",
     "composite_rigid_body",
+    "joint_space_product",
     "generalized_forces",
 ]
 
@@ -53,27 +55,55 @@ def cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return torch.cat([_cross(w, n) + _cross(lin, force), _cross(w, force)], dim=-1)
 
 
-def _skew(c: torch.Tensor) -> torch.Tensor:
-    z = torch.zeros_like(c[..., 0])
-    x, y, zz = c.unbind(-1)
-    return torch.stack([torch.stack([z, -zz, y], -1), torch.stack([zz, z, -x], -1), torch.stack([-y, x, z], -1)], -2)
-
-
 def body_com_world(model: Model, fr: Frames) -> torch.Tensor:
     """``[W, B, 3]`` m: body centres of mass relative to the reference origin, world axes."""
     return fr.body_pos - fr.origin[:, None] + torch.matmul(fr.body_rot, model.body_com[..., None])[..., 0]
 
 
 def spatial_inertias(model: Model, fr: Frames) -> torch.Tensor:
-    """``[W, B, 6, 6]`` spatial inertia of every body about the reference origin, world axes."""
-    m = model.body_mass[None, :, None, None]
+    """``[W, B, 10]`` spatial inertia of every body about the reference origin, world axes, as its ten
+    numbers ``(m, m c_x, m c_y, m c_z, I_xx, I_yy, I_zz, I_xy, I_xz, I_yz)`` (``c``: centre of mass relative
+    to the origin; ``I``: rotational inertia about the origin). Sums of these are the inertias of unions of
+    bodies, which is what the composite rigid body algorithm needs; :func:`apply_inertia` multiplies."""
+    m = model.body_mass[None, :, None]
     c = body_com_world(model, fr)
     ic = fr.body_rot @ model.body_inertia @ fr.body_rot.transpose(-1, -2)
-    cx = _skew(c)
-    eye = torch.eye(3, dtype=c.dtype, device=c.device)
-    top = torch.cat([ic - m * (cx @ cx), m * cx], dim=-1)
-    bottom = torch.cat([-m * cx, m * eye.expand_as(ic)], dim=-1)
-    return torch.cat([top, bottom], dim=-2)
+    cx, cy, cz = c.unbind(-1)
+    mc = m[..., 0]
+    cc = cx * cx + cy * cy + cz * cz
+    return torch.stack(
+        [
+            mc.expand_as(cx),
+            mc * cx,
+            mc * cy,
+            mc * cz,
+            ic[..., 0, 0] + mc * (cc - cx * cx),
+            ic[..., 1, 1] + mc * (cc - cy * cy),
+            ic[..., 2, 2] + mc * (cc - cz * cz),
+            ic[..., 0, 1] - mc * cx * cy,
+            ic[..., 0, 2] - mc * cx * cz,
+            ic[..., 1, 2] - mc * cy * cz,
+        ],
+        dim=-1,
+    )
+
+
+def apply_inertia(feat: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
+    """Spatial inertia (ten numbers, :func:`spatial_inertias`) times motion vectors: the momentum / force
+    ``(I w + h x v, m v + w x h)`` with ``h = m c``. Shapes ``[..., 10]`` and ``[..., 6]`` -> ``[..., 6]``."""
+    m, hx, hy, hz, ixx, iyy, izz, ixy, ixz, iyz = feat.unbind(-1)
+    wx, wy, wz, vx, vy, vz = motion.unbind(-1)
+    return torch.stack(
+        [
+            ixx * wx + ixy * wy + ixz * wz + hy * vz - hz * vy,
+            ixy * wx + iyy * wy + iyz * wz + hz * vx - hx * vz,
+            ixz * wx + iyz * wy + izz * wz + hx * vy - hy * vx,
+            m * vx + wy * hz - wz * hy,
+            m * vy + wz * hx - wx * hz,
+            m * vz + wx * hy - wy * hx,
+        ],
+        dim=-1,
+    )
 
 
 def _subtree_sum(model: Model, x: torch.Tensor) -> torch.Tensor:
@@ -82,20 +112,25 @@ def _subtree_sum(model: Model, x: torch.Tensor) -> torch.Tensor:
     return torch.matmul(model.subtree, x.reshape(shape[0], shape[1], -1)).reshape(shape)
 
 
-def composite_rigid_body(model: Model, inertia: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
-    """The composite-rigid-body product ``sum_b J_b^T X_b J_b`` for per-body 6x6 matrices ``X [W, B, 6, 6]``
-    (spatial inertias for the mass matrix; any symmetric per-body stiffness works the same way).
+def joint_space_product(model: Model, applied: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
+    """The composite-rigid-body assembly ``H[i, j] = s_i . (Xc_body(j) s_j)`` for DOF pairs on one branch.
 
-    ``H[i, j] = s_i^T Xc(deeper of body(i), body(j)) s_j`` where ``Xc`` sums ``X`` over a subtree, for DOFs
-    on one branch, else 0.
-
+    Args:
+        applied: ``[W, nv, 6]``: the subtree-composite operator of each DOF's body applied to the DOF's
+            motion (``Xc_body(j) s_j``).
+        motion: ``[W, nv, 6]`` DOF motions ``s``.
     Returns:
-        ``[W, nv, nv]``.
+        ``[W, nv, nv]`` symmetric.
     """
-    xc = _subtree_sum(model, inertia)
-    f = torch.matmul(xc[:, model.dof_body], motion[..., None])[..., 0]  # [W, nv, 6]
-    raw = torch.matmul(motion, f.transpose(-1, -2))  # raw[i, j] = s_i . Xc(body j) s_j
-    return torch.where(model.dof_above > 0, raw, raw.transpose(-1, -2)) * model.dof_coupled
+    raw = torch.matmul(motion, applied.transpose(-1, -2))  # raw[i, j] = s_i . Xc(body j) s_j
+    return raw * model.dof_above + (raw * model.dof_above_strict).transpose(-1, -2)
+
+
+def composite_rigid_body(model: Model, inertia: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
+    """``sum_b J_b^T I_b J_b`` for per-body spatial inertias ``inertia [W, B, 10]`` (composite rigid body
+    algorithm: subtree sums, then one product per DOF pair on a branch). Returns ``[W, nv, nv]``."""
+    xc = _subtree_sum(model, inertia)[:, model.dof_body]
+    return joint_space_product(model, apply_inertia(xc, motion), motion)
 
 
 def generalized_forces(model: Model, motion: torch.Tensor, body_force: torch.Tensor) -> torch.Tensor:
@@ -105,12 +140,13 @@ def generalized_forces(model: Model, motion: torch.Tensor, body_force: torch.Ten
     return (motion * sub[:, model.dof_body]).sum(-1)
 
 
-def gravity_forces(model: Model, fr: Frames, inertia: torch.Tensor | None = None) -> torch.Tensor:
+def gravity_forces(model: Model, inertia: torch.Tensor) -> torch.Tensor:
     """``[W, B, 6]`` spatial gravity force on every body (switched off where ``body_gravity`` is 0)."""
-    c = body_com_world(model, fr)
-    force = (model.body_mass * model.body_gravity)[None, :, None] * model.gravity
-    force = force.expand_as(c)
-    return torch.cat([_cross(c, force), force], dim=-1)
+    scale = model.body_gravity[:, None]
+    mass = inertia[..., :1] * scale
+    h = inertia[..., 1:4] * scale
+    g = model.gravity.expand_as(h)
+    return torch.cat([_cross(h, g), mass * g], dim=-1)
 
 
 def _mass_matrix(model: Model, fr: Frames, inertia: torch.Tensor) -> torch.Tensor:
@@ -119,7 +155,12 @@ def _mass_matrix(model: Model, fr: Frames, inertia: torch.Tensor) -> torch.Tenso
 
 
 def _rnea(
-    model: Model, fr: Frames, inertia: torch.Tensor, qd: torch.Tensor, qdd: torch.Tensor | None, gravity: bool = True
+    model: Model,
+    fr: Frames,
+    inertia: torch.Tensor,
+    qd: torch.Tensor,
+    qdd: torch.Tensor | None,
+    gravity: bool = True,
 ) -> torch.Tensor:
     s = fr.motion
     sv = s * qd[..., None]
@@ -129,10 +170,9 @@ def _rnea(
     if qdd is not None:
         acc_terms = acc_terms + s * qdd[..., None]
     acc = torch.matmul(model.dof_moves_body, acc_terms)
-    momentum = torch.matmul(inertia, vel[..., None])[..., 0]
-    f = torch.matmul(inertia, acc[..., None])[..., 0] + cross_force(vel, momentum)
+    f = apply_inertia(inertia, acc) + cross_force(vel, apply_inertia(inertia, vel))
     if gravity:
-        f = f - gravity_forces(model, fr)
+        f = f - gravity_forces(model, inertia)
     tau = generalized_forces(model, s, f)
     if qdd is not None:
         tau = tau + model.armature * qdd
@@ -215,7 +255,7 @@ def kinetic_energy(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Ten
     fr = compute_frames(model, q2)
     inertia = spatial_inertias(model, fr)
     vel = body_twists(model, fr.motion, qd2)
-    e = 0.5 * (vel * torch.matmul(inertia, vel[..., None])[..., 0]).sum((-1, -2))
+    e = 0.5 * (vel * apply_inertia(inertia, vel)).sum((-1, -2))
     e = e + 0.5 * (model.armature * qd2 * qd2).sum(-1)
     return e.reshape(lead)
 
@@ -237,7 +277,7 @@ def momentum(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
     fr = compute_frames(model, q2)
     inertia = spatial_inertias(model, fr)
     vel = body_twists(model, fr.motion, qd2)
-    h = torch.matmul(inertia, vel[..., None])[..., 0].sum(1)  # about the reference origin
+    h = apply_inertia(inertia, vel).sum(1)  # about the reference origin
     ang = h[:, :3] + _cross(fr.origin, h[:, 3:])
     out = torch.cat([ang, h[:, 3:]], dim=-1)
     return out.reshape(lead + (6,))

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .contact import contact_geometry, point_forces_to_bodies, point_stiffness_to_bodies, point_velocities
+from .contact import (
+    apply_point_stiffness,
+    contact_geometry,
+    point_forces_to_bodies,
+    point_stiffness_features,
+    point_velocities,
+)
 from .control import (
     Control,
     _phi_derivative_over_x,
@@ -35,7 +41,7 @@ from .control import (
     integrate,
     tangent_difference,
 )
-from .dynamics import _mass_matrix, _rnea, composite_rigid_body, generalized_forces, spatial_inertias
+from .dynamics import _mass_matrix, _rnea, _subtree_sum, generalized_forces, joint_space_product, spatial_inertias
 from .kinematics import body_twists, compute_frames
 from .model import Model, State
 
@@ -73,9 +79,10 @@ class Simulator:
     Args:
         model: the :class:`Model`.
         dt: step length, s.
-        iterations: Newton iterations per step (fixed).
-        line_search: number of step-length candidates ``1, 1/2, 1/4, ...`` tried per iteration (0: always
-            take the full Newton step).
+        iterations: Newton iterations per step (fixed; 2 is enough at control rates, more converges
+            friction and clamped drives further).
+        line_search: shorten a Newton step whose energy does not decrease enough (one extra energy
+            evaluation per iteration, no branching); ``False`` always takes the full step.
         check_inputs: validate shapes/dtypes of the state and control on every step (turn off in hot loops
             once the shapes are known to be right).
 
@@ -88,36 +95,38 @@ class Simulator:
     """
 
     def __init__(
-        self, model: Model, *, dt: float, iterations: int = 3, line_search: int = 4, check_inputs: bool = True
+        self, model: Model, *, dt: float, iterations: int = 2, line_search: bool = True, check_inputs: bool = True
     ):
         if not dt > 0:
             raise ValueError(f"dt must be positive, got {dt}")
-        self.model = model
-        self.dt = float(dt)
+        self.model = m = model
+        self.dt = h = float(dt)
         self.iterations = int(iterations)
         self.check_inputs = bool(check_inputs)
-        m = model
-        self._alphas = torch.tensor([0.5**k for k in range(max(int(line_search), 1))], dtype=m.dtype, device=m.device)
-        self._line_search = int(line_search) > 0
-        self._has_contact = m.contact.enabled and m.contact_body.numel() > 0
-        # a point this close to the ground may touch it within one step under gravity alone
-        self._reach = self.dt * self.dt * float(torch.linalg.vector_norm(m.gravity)) + 1e-4
+        self._line_search = bool(line_search)
         c = m.contact
-        mu = m.contact_friction.reshape(-1)
+        self._has_contact = c.enabled and m.num_contact_points > 0
+        # a point this close to the ground may touch it within one step under gravity alone
+        self._reach = h * h * float(torch.linalg.vector_norm(m.gravity)) + 1e-4
+        mu = m.contact_friction
         self._c_mu0 = mu + c.stiction_extra
         self._c_ratio = torch.where(self._c_mu0 > 0, mu / torch.clamp(self._c_mu0, min=1e-30), torch.ones_like(mu))
-        self._c_valid = m.contact_valid.reshape(-1)
+        self._c_stribeck = c.stribeck_vel if c.stribeck_vel > 0 else 0.0
         mu0 = m.friction_coulomb + m.friction_stiction
         self._j_mu0 = mu0
         self._j_ratio = torch.where(mu0 > 0, m.friction_coulomb / torch.clamp(mu0, min=1e-30), torch.ones_like(mu0))
         self._j_has_dry = bool((mu0 > 0).any())
-        self._j_has_damping = bool((m.damping > 0).any())
+        self._j_stribeck = m.friction_stribeck if bool((m.friction_stribeck > 0).any()) else 0.0
         self._has_limits = bool((m.limit_stiffness > 0).any() or (m.limit_damping > 0).any())
         self._has_springs = bool((m.spring_stiffness > 0).any())
+        self._has_damping = bool((m.damping > 0).any())
+        # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
+        self._diag_const = h * m.damping + h * h * m.spring_stiffness
         self._scalar = m.scalar_dof.to(m.dtype)
         if m.has_ball_friction:
             g = m.friction_group
             self._group = (g[:, None] == g[None, :]).to(m.dtype)  # [nv, nv] same friction group
+            self._group_size = self._group.sum(-1)
         else:
             self._group = None
 
@@ -140,7 +149,7 @@ class Simulator:
             control.check(m, q.shape[0])
         w = q.shape[0]
 
-        # -- once per step: kinematics, inertia, bias, loads -------------------------------------------
+        # -- once per step: kinematics, inertia, bias, loads ----------------------------------------------
         fr = compute_frames(m, q)
         inertia = spatial_inertias(m, fr)
         mass = _mass_matrix(m, fr, inertia)
@@ -148,31 +157,8 @@ class Simulator:
         if control.tau_external is not None:
             force = force + control.tau_external
         s = fr.motion
-
-        # drive: tau(v) = clamp(a - b v, +-effort)
-        kp = m.drive_stiffness if control.drive_stiffness is None else control.drive_stiffness
-        kd = m.drive_damping if control.drive_damping is None else control.drive_damping
-        kp = kp.expand(w, -1)
-        kd = kd.expand(w, -1)
-        drive_a = torch.zeros_like(qd)
-        if control.q_target is not None:
-            drive_a = drive_a + kp * tangent_difference(m, control.q_target, q)
-            drive_b = h * kp + kd
-        else:
-            drive_b = kd
-        if control.qd_target is not None:
-            drive_a = drive_a + kd * control.qd_target
-        if control.tau_feedforward is not None:
-            drive_a = drive_a + control.tau_feedforward
-        effort = m.effort_limit.expand(w, -1)
-        drive_bsafe = torch.clamp(drive_b, min=1e-30)
-        drive_on = drive_b > 0
-
+        drive = self._drive(control, q, w)
         qs = q[:, m.scalar_q] * self._scalar  # scalar joint values (0 elsewhere)
-
-        if self._has_contact:
-            geo = contact_geometry(m, fr)
-            offset, depth0 = geo.offset, geo.depth
         pinned = control.pinned
         v = qd
         if pinned is not None:
@@ -180,107 +166,70 @@ class Simulator:
             v = torch.where(pinned, pv, qd)
             free = (~pinned).to(m.dtype)
             pin_eye = torch.diag_embed(pinned.to(m.dtype))
-        cp = m.contact
-        mu0c, ratio_c, valid = self._c_mu0, self._c_ratio, self._c_valid
+        mvq = torch.matmul(mass, (v - qd)[..., None])[..., 0]  # M (v - qd), kept up to date below
+        if self._has_contact:
+            geo = contact_geometry(m, fr)
+            offset, depth0 = geo.offset, geo.depth
+            u = point_velocities(m, body_twists(m, s, v), offset)  # linear in v: updated, not recomputed
 
         for _ in range(self.iterations):
-            grad = torch.matmul(mass, (v - qd)[..., None])[..., 0] - h * force
-            hdiag = torch.zeros_like(v)
-            terms = {}
-
-            # joint damping and dry friction
-            if self._j_has_damping:
-                grad = grad + h * m.damping * v
-                hdiag = hdiag + h * m.damping
-            if self._j_has_dry:
-                speed = self._joint_speed(v)
-                wgt = _phi_derivative_over_x(speed, m.friction_falloff, self._j_ratio, m.friction_stribeck)
-                grad = grad + h * self._j_mu0 * wgt * v
-                hdiag = hdiag + h * self._j_mu0 * wgt
-            # limits and springs (scalar DOFs, exact in q + h v)
-            if self._has_limits:
-                qn = qs + h * v
-                over = torch.clamp(qn - m.upper, min=0.0)
-                under = torch.clamp(m.lower - qn, min=0.0)
-                lim_active = ((over > 0) | (under > 0)).to(m.dtype)
-                grad = grad + h * m.limit_stiffness * (over - under) + h * m.limit_damping * lim_active * v
-                hdiag = hdiag + (h * h * m.limit_stiffness + h * m.limit_damping) * lim_active
-                terms["lim_active"] = lim_active
-            if self._has_springs:
-                grad = grad + h * m.spring_stiffness * (qs + h * v - m.spring_ref)
-                hdiag = hdiag + h * h * m.spring_stiffness
-            # drives (implicit PD, clamped)
-            x = drive_a - drive_b * v
-            tau = torch.maximum(torch.minimum(x, effort), -effort)
-            grad = grad - h * tau
-            hdiag = hdiag + h * drive_b * torch.where(
-                x.abs() > effort, effort / torch.clamp(x.abs(), min=1e-30), torch.ones_like(x)
-            )
+            grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
+            grad = grad + mvq - h * force
             hess = mass + torch.diag_embed(hdiag)
-
-            # contact
+            cterms = None
             if self._has_contact:
-                tw = body_twists(m, s, v)
-                u = point_velocities(m, tw, offset)
-                depth = depth0 - h * u[..., 2]
-                act = (depth > 0).to(m.dtype) * valid
-                fz = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * u[..., 2]
-                lam = torch.clamp(fz, min=0.0) * act
-                ut = u[..., :2]
-                slip = torch.sqrt((ut * ut).sum(-1))
-                mu_lam = mu0c * lam
-                fw = _phi_derivative_over_x(slip, cp.falloff_vel, ratio_c, cp.stribeck_vel) * mu_lam
-                pf = torch.cat([-fw[..., None] * ut, fz[..., None]], dim=-1)
-                grad = grad - h * generalized_forces(m, s, point_forces_to_bodies(m, offset, pf))
-                # curvature: the penalty also for points that could reach the ground in this step
-                near = ((depth0 + h * u[..., 2].abs() + self._reach) > 0).to(m.dtype) * valid
-                kz = h * (h * cp.stiffness + cp.damping) * torch.maximum(act, near)
-                kt = h * fw
-                stiff = torch.stack([kt, kt, kz], dim=-1)
-                hess = hess + composite_rigid_body(m, point_stiffness_to_bodies(m, offset, stiff), s)
-                terms.update(u=u, act=act, mu_lam=mu_lam)
-
+                cg, feats, cterms = self._contact_terms(u, depth0, offset)
+                grad = grad - h * generalized_forces(m, s, cg)
+                comp = _subtree_sum(m, feats)[:, m.dof_body]
+                hess = hess + joint_space_product(m, apply_point_stiffness(comp, s), s)
             if pinned is not None:
                 grad = grad * free
                 hess = hess * free[:, :, None] * free[:, None, :] + pin_eye
             chol, _ = torch.linalg.cholesky_ex(hess)
             dv = -torch.cholesky_solve(grad[..., None], chol)[..., 0]
+            mdv = torch.matmul(mass, dv[..., None])[..., 0]
+            du = point_velocities(m, body_twists(m, s, dv), offset) if self._has_contact else None
             if self._line_search:
                 alpha = self._step_length(
                     v,
                     dv,
-                    qd,
-                    mass,
+                    grad,
+                    mvq,
+                    mdv,
                     force,
                     qs,
-                    drive_a,
-                    drive_b,
-                    drive_bsafe,
-                    drive_on,
-                    effort,
-                    terms,
-                    offset if self._has_contact else None,
+                    drive,
+                    lim_active,
+                    u if self._has_contact else None,
+                    du,
                     depth0 if self._has_contact else None,
-                    s,
+                    cterms,
                 )
-                v = v + alpha[:, None] * dv
+                a = alpha[:, None]
+                v = v + a * dv
+                mvq = mvq + a * mdv
+                if self._has_contact:
+                    u = u + a[..., None] * du
             else:
                 v = v + dv
+                mvq = mvq + mdv
+                if self._has_contact:
+                    u = u + du
 
         # -- report and advance ---------------------------------------------------------------------------
+        drive_a, drive_b, effort = drive[0], drive[1], drive[2]
         x = drive_a - drive_b * v
         tau = torch.maximum(torch.minimum(x, effort), -effort)
         saturated = x.abs() > effort
         if self._has_contact:
-            tw = body_twists(m, s, v)
-            u = point_velocities(m, tw, offset)
+            cp = m.contact
             depth = depth0 - h * u[..., 2]
-            act = (depth > 0).to(m.dtype) * valid
+            act = (depth > 0).to(m.dtype)
             lam = torch.clamp(cp.stiffness * depth - cp.damping * u[..., 2], min=0.0) * act
             ut = u[..., :2]
             slip = torch.sqrt((ut * ut).sum(-1))
-            fw = _phi_derivative_over_x(slip, cp.falloff_vel, ratio_c, cp.stribeck_vel) * mu0c * lam
-            normal, friction, cdepth, cpos = lam, -fw[..., None] * ut, depth * valid, geo.position
+            fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * self._c_mu0 * lam
+            normal, friction, cdepth, cpos = lam, -fw[..., None] * ut, depth, geo.position
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
@@ -301,75 +250,130 @@ class Simulator:
             nonfinite=newly,
         )
 
-    # ------------------------------------------------------------------------------------------------
+    # -- terms --------------------------------------------------------------------------------------------
+    def _drive(self, control: Control, q: torch.Tensor, w: int):
+        """``(a, b, effort)`` with the drive force ``clamp(a - b v, -effort, effort)``."""
+        m, h = self.model, self.dt
+        kp = m.drive_stiffness if control.drive_stiffness is None else control.drive_stiffness
+        kd = m.drive_damping if control.drive_damping is None else control.drive_damping
+        kp = kp.expand(w, -1)
+        kd = kd.expand(w, -1)
+        if control.q_target is not None:
+            a = kp * tangent_difference(m, control.q_target, q)
+            b = h * kp + kd
+        else:
+            a = torch.zeros(w, m.nv, dtype=m.dtype, device=m.device)
+            b = kd
+        if control.qd_target is not None:
+            a = a + kd * control.qd_target
+        if control.tau_feedforward is not None:
+            a = a + control.tau_feedforward
+        return a, b, m.effort_limit.expand(w, -1)
+
     def _joint_speed(self, v: torch.Tensor) -> torch.Tensor:
         """Speed each DOF's dry friction sees: ``|v|`` (hinge, slide), the angular speed (ball)."""
         if self._group is None:
             return v.abs()
         return torch.sqrt(torch.matmul(v * v, self._group))
 
-    def _step_length(
-        self, v, dv, qd, mass, force, qs, drive_a, drive_b, drive_bsafe, drive_on, effort, terms, offset, depth0, s
-    ):
-        """Per world, the candidate step length with the lowest energy change (0 if none decreases it).
-
-        Energies are differences ``E(v + alpha dv) - E(v)`` per term, with the lagged quantities of this
-        iteration (normal forces for friction, active damping) held fixed."""
-        m = self.model
-        h = self.dt
-        al = self._alphas  # [A]
-        a2 = al[None, :, None]  # [1, A, 1]
-        mdv = torch.matmul(mass, dv[..., None])[..., 0]
-        de = al[None] * ((v - qd) * mdv).sum(-1, keepdim=True) + 0.5 * al[None] ** 2 * (dv * mdv).sum(-1, keepdim=True)
-        de = de - al[None] * h * (force * dv).sum(-1, keepdim=True)  # [W, A]
-        v0 = v[:, None]
-        v1 = v0 + a2 * dv[:, None]  # [W, A, nv]
-        per_dof = torch.zeros_like(v1)
-        if self._j_has_damping:
-            per_dof = per_dof + 0.5 * h * m.damping * (v1 * v1 - v0 * v0)
+    def _joint_terms(self, v, qs, drive):
+        """Gradient and diagonal Hessian of the joint-space terms at ``v`` (``[W, nv]`` each)."""
+        m, h = self.model, self.dt
+        grad = (
+            h * (m.damping * v + m.spring_stiffness * (qs + h * v - m.spring_ref))
+            if (self._has_damping or self._has_springs)
+            else torch.zeros_like(v)
+        )
+        hdiag = self._diag_const.expand_as(v)
+        lim_active = None
         if self._j_has_dry:
-            sp0 = self._joint_speed(v)[:, None]
-            sp1 = self._joint_speed(v1.reshape(-1, m.nv)).reshape(v1.shape)
-            ph = lambda x: friction_phi(x, m.friction_falloff, self._j_ratio, m.friction_stribeck)
-            e = h * self._j_mu0 * (ph(sp1) - ph(sp0))
-            if self._group is not None:  # a ball joint's potential counted once: divide by its 3 DOFs
-                e = e / self._group.sum(-1)
-            per_dof = per_dof + e
+            wgt = _phi_derivative_over_x(self._joint_speed(v), m.friction_falloff, self._j_ratio, self._j_stribeck)
+            grad = grad + h * self._j_mu0 * wgt * v
+            hdiag = hdiag + h * self._j_mu0 * wgt
         if self._has_limits:
-            q0 = qs[:, None] + h * v0
-            q1 = qs[:, None] + h * v1
-            sq = lambda qq: torch.clamp(qq - m.upper, min=0.0) ** 2 + torch.clamp(m.lower - qq, min=0.0) ** 2
-            per_dof = per_dof + 0.5 * m.limit_stiffness * (sq(q1) - sq(q0))
-            per_dof = per_dof + 0.5 * h * m.limit_damping * terms["lim_active"][:, None] * (v1 * v1 - v0 * v0)
+            qn = qs + h * v
+            over = torch.clamp(qn - m.upper, min=0.0)
+            under = torch.clamp(m.lower - qn, min=0.0)
+            lim_active = ((over > 0) | (under > 0)).to(m.dtype)
+            grad = grad + h * m.limit_stiffness * (over - under) + h * m.limit_damping * lim_active * v
+            hdiag = hdiag + (h * h * m.limit_stiffness + h * m.limit_damping) * lim_active
+        a, b, effort = drive
+        x = a - b * v
+        ax = x.abs()
+        grad = grad - h * torch.maximum(torch.minimum(x, effort), -effort)
+        # majorizing curvature of the clamped drive: b inside the limit, b * limit / |x| outside
+        hdiag = hdiag + h * b * torch.clamp(effort / torch.clamp(ax, min=1e-30), max=1.0)
+        return grad, hdiag, lim_active
+
+    def _contact_terms(self, u, depth0, offset):
+        """Contact forces at the current iterate (as body forces) and the stiffness features of the
+        Newton model, plus the lagged quantities the line search keeps fixed."""
+        m, h = self.model, self.dt
+        cp = m.contact
+        depth = depth0 - h * u[..., 2]
+        act = (depth > 0).to(m.dtype)
+        fz = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * u[..., 2]
+        mu_lam = self._c_mu0 * torch.clamp(fz, min=0.0)
+        ut = u[..., :2]
+        slip = torch.sqrt((ut * ut).sum(-1))
+        fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * mu_lam
+        pf = torch.cat([-fw[..., None] * ut, fz[..., None]], dim=-1)
+        # curvature: the penalty also for points that could reach the ground in this step (a majorizer)
+        near = ((depth0 + h * u[..., 2].abs() + self._reach) > 0).to(m.dtype)
+        kn = h * (h * cp.stiffness + cp.damping) * torch.maximum(act, near)
+        feats = point_stiffness_features(m, offset, h * fw, kn)
+        return point_forces_to_bodies(m, offset, pf), feats, (act, mu_lam)
+
+    def _joint_energy(self, v, qs, drive, lim_active):
+        """Per-DOF energy of the joint-space terms for velocities ``v [W, A, nv]`` (lagged limit damping)."""
+        m, h = self.model, self.dt
+        e = torch.zeros_like(v)
+        if self._has_damping:
+            e = e + 0.5 * h * m.damping * v * v
         if self._has_springs:
-            r0 = qs[:, None] + h * v0 - m.spring_ref
-            r1 = qs[:, None] + h * v1 - m.spring_ref
-            per_dof = per_dof + 0.5 * m.spring_stiffness * (r1 * r1 - r0 * r0)
-        # drive: h/b (huber(a - b v1) - huber(a - b v0)); with b = 0 a constant force
-        da = drive_a[:, None]
-        db = drive_b[:, None]
-        eff = effort[:, None]
-        hub = (huber(da - db * v1, eff) - huber(da - db * v0, eff)) * (h / drive_bsafe[:, None])
-        const = -h * torch.maximum(torch.minimum(da, eff), -eff) * (v1 - v0)
-        per_dof = per_dof + torch.where(drive_on[:, None], hub, const)
-        de = de + per_dof.sum(-1)
-        if offset is not None:
+            r = qs[:, None] + h * v - m.spring_ref
+            e = e + 0.5 * m.spring_stiffness * r * r
+        if self._j_has_dry:
+            sp = self._joint_speed(v.reshape(-1, m.nv)).reshape(v.shape)
+            ej = h * self._j_mu0 * friction_phi(sp, m.friction_falloff, self._j_ratio, self._j_stribeck)
+            e = e + (ej / self._group_size if self._group is not None else ej)
+        if self._has_limits:
+            qn = qs[:, None] + h * v
+            over = torch.clamp(qn - m.upper, min=0.0)
+            under = torch.clamp(m.lower - qn, min=0.0)
+            e = e + 0.5 * m.limit_stiffness * (over * over + under * under)
+            e = e + 0.5 * h * m.limit_damping * lim_active[:, None] * v * v
+        a, b, effort = (x[:, None] for x in drive)
+        # drive: h/b huber(a - b v); with b = 0 the constant force clamp(a)
+        hub = huber(a - b * v, effort) * (h / torch.clamp(b, min=1e-30))
+        const = -h * torch.maximum(torch.minimum(a, effort), -effort) * v
+        return e + torch.where(b > 0, hub, const)
+
+    def _step_length(self, v, dv, grad, mvq, mdv, force, qs, drive, lim_active, u, du, depth0, cterms):
+        """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
+        (at least a quarter of the decrease the quadratic model predicts), else the minimiser of the
+        quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
+
+        Energy changes use this iteration's lagged quantities (normal forces under friction, active
+        dampers); the inertial part is exact: ``dv.M(v - qd) + 1/2 dv.M dv - h force.dv``."""
+        m, h = self.model, self.dt
+        de = (dv * (mvq - h * force)).sum(-1) + 0.5 * (dv * mdv).sum(-1)
+        vv = torch.stack([v, v + dv], dim=1)  # [W, 2, nv]
+        ej = self._joint_energy(vv, qs, drive, lim_active)
+        de = de + (ej[:, 1] - ej[:, 0]).sum(-1)
+        if u is not None:
             cp = m.contact
-            u0 = terms["u"][:, None]  # [W, 1, C, 3]
-            du = point_velocities(m, body_twists(m, s, dv), offset)[:, None]
-            u1 = u0 + al[None, :, None, None] * du
-            d0 = depth0[:, None] - h * u0[..., 2]
-            d1 = depth0[:, None] - h * u1[..., 2]
-            valid = self._c_valid
-            act = terms["act"][:, None]
-            ec = 0.5 * cp.stiffness * (torch.clamp(d1, min=0.0) ** 2 - torch.clamp(d0, min=0.0) ** 2) * valid
-            ec = ec + 0.5 * h * cp.damping * act * (u1[..., 2] ** 2 - u0[..., 2] ** 2)
-            s0 = torch.sqrt((u0[..., :2] ** 2).sum(-1))
-            s1 = torch.sqrt((u1[..., :2] ** 2).sum(-1))
-            ph = lambda x: friction_phi(x, cp.falloff_vel, self._c_ratio, cp.stribeck_vel)
-            ec = ec + h * terms["mu_lam"][:, None] * (ph(s1) - ph(s0))
-            de = de + ec.sum(-1)
-        de = torch.where(torch.isfinite(de), de, torch.full_like(de, float("inf")))
-        best = torch.argmin(de, dim=1)
-        alpha = al[best]
-        return torch.where(de.gather(1, best[:, None])[:, 0] < 0, alpha, torch.zeros_like(alpha))
+            act, mu_lam = cterms
+            uu = torch.stack([u, u + du], dim=1)  # [W, 2, C, 3]
+            uz = uu[..., 2]
+            d = torch.clamp(depth0[:, None] - h * uz, min=0.0)
+            ec = 0.5 * cp.stiffness * d * d + 0.5 * h * cp.damping * act[:, None] * uz * uz
+            slip = torch.sqrt((uu[..., :2] ** 2).sum(-1))
+            ec = ec + h * mu_lam[:, None] * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
+            de = de + (ec[:, 1] - ec[:, 0]).sum(-1)
+        slope = (grad * dv).sum(-1)  # < 0: dv is a descent direction (H is positive definite)
+        curv = de - slope
+        backtrack = torch.clamp(-slope / torch.clamp(2.0 * curv, min=1e-30), min=0.05, max=1.0)
+        backtrack = torch.where(torch.isfinite(backtrack), backtrack, torch.full_like(backtrack, 0.05))
+        good = de <= 0.25 * slope
+        return torch.where(good, torch.ones_like(de), backtrack)

@@ -78,10 +78,10 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     body_pos = jf.body_positions
     body_quat = jf.body_rotations_wxyz
     origin = body_pos[:, 0]
-    jq = jf.joint_rotations_wxyz[:, model.dof_step]  # [W, nv, 4]
+    axes = jf.dof_axes  # [W, nv, 3] world
     ja = jf.joint_positions[:, model.dof_step] - origin[:, None]  # [W, nv, 3]
-    ang = R.quat_rotate(jq, model.dof_angular_axis)
-    lin = R.quat_rotate(jq, model.dof_linear_axis) + torch.linalg.cross(ja, ang)
+    ang = axes * model.dof_is_angular[:, None]
+    lin = axes * model.dof_is_linear[:, None] + torch.linalg.cross(ja, ang)
     return Frames(
         origin=origin,
         body_pos=body_pos,

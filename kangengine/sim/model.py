@@ -107,13 +107,14 @@ class Model:
         drive_damping ``[nv]`` (PD gains), effort_limit ``[nv]`` (+inf where none).
     Tree masks (0/1 in the float dtype):
         dof_moves_body ``[B, nv]``; subtree ``[B, B]`` (``subtree[b, k]``: k lies in b's subtree);
-        dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_coupled ``[nv, nv]``;
+        dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_above_strict (a proper
+        ancestor); dof_coupled ``[nv, nv]`` (one of the two);
         dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in.
-    Contacts:
-        contact_body ``[Bc]`` bodies with contact points; contact_point_local ``[Bc, P, 3]`` m (body
-        frame), contact_radius ``[Bc, P]`` m, contact_valid ``[Bc, P]`` (0 for padding slots),
-        contact_friction ``[Bc, P]``; contact_point_body ``[C]`` and contact_point_geom (names) per
-        flattened slot; contact: :class:`ContactParams`. skipped_geoms: collision geoms not simulated.
+    Contacts (``C`` points, flat, ordered by body):
+        contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
+        of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
+        coefficient; contact_point_geom ``C`` geom names; contact: :class:`ContactParams`;
+        skipped_geoms: collision geoms of unsupported types (not simulated).
     Self-collision filter:
         collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
         links welded by fixed joints or joined through a link without geometry, and the file's
@@ -134,6 +135,8 @@ class Model:
     dof_step: torch.Tensor
     dof_angular_axis: torch.Tensor
     dof_linear_axis: torch.Tensor
+    dof_is_angular: torch.Tensor
+    dof_is_linear: torch.Tensor
     armature: torch.Tensor
     damping: torch.Tensor
     friction_coulomb: torch.Tensor
@@ -153,6 +156,7 @@ class Model:
     dof_moves_body: torch.Tensor
     subtree: torch.Tensor
     dof_above: torch.Tensor
+    dof_above_strict: torch.Tensor
     dof_coupled: torch.Tensor
     dof_frame: torch.Tensor
     scalar_dof: torch.Tensor
@@ -161,12 +165,10 @@ class Model:
     vec_v: torch.Tensor
     rot_q: torch.Tensor
     rot_v: torch.Tensor
-    contact_body: torch.Tensor
+    contact_point_body: torch.Tensor
     contact_point_local: torch.Tensor
     contact_radius: torch.Tensor
-    contact_valid: torch.Tensor
     contact_friction: torch.Tensor
-    contact_point_body: torch.Tensor
     contact_point_geom: tuple[str, ...]
     contact: ContactParams
     skipped_geoms: tuple[str, ...]
@@ -193,7 +195,7 @@ class Model:
 
     @property
     def num_contact_points(self) -> int:
-        """``C``: flattened contact slots (padding included; see ``contact_valid``)."""
+        """``C``: number of contact points (every sphere, capsule end, box corner, cylinder rim point)."""
         return int(self.contact_point_body.shape[0])
 
     @property
@@ -267,8 +269,8 @@ class Model:
                 item="dtype",
             )
         nv, nb = layout.nv, layout.num_bodies
-        t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
-        ti = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
+        t = lambda a: torch.as_tensor(np.array(a, dtype=np.float64), dtype=dtype, device=device)
+        ti = lambda a: torch.as_tensor(np.array(a, dtype=np.int64), device=device)
 
         # -- bodies -----------------------------------------------------------------------------------
         parents = tuple(int(p) for p in layout.parent_indices)
@@ -408,6 +410,8 @@ class Model:
             dof_step=ti(dof_step),
             dof_angular_axis=t(ang),
             dof_linear_axis=t(lin),
+            dof_is_angular=t(np.abs(ang).sum(1) > 0),
+            dof_is_linear=t(np.abs(lin).sum(1) > 0),
             armature=t(arm),
             damping=t(damp),
             friction_coulomb=t(fric),
@@ -427,6 +431,7 @@ class Model:
             dof_moves_body=t(moves),
             subtree=t(anc),
             dof_above=t(above),
+            dof_above_strict=t(above & (dof_body[:, None] != dof_body[None, :])),
             dof_coupled=t(coupled),
             dof_frame=t(frame),
             scalar_dof=torch.as_tensor(scalar, device=device),
@@ -435,12 +440,10 @@ class Model:
             vec_v=ti(ix["vec_v"]),
             rot_q=ti(ix["rot_q"]),
             rot_v=ti(ix["rot_v"]),
-            contact_body=ti(cdata["body"]),
-            contact_point_local=t(cdata["local"]),
-            contact_radius=t(cdata["radius"]),
-            contact_valid=t(cdata["valid"]),
-            contact_friction=t(cdata["friction"]),
             contact_point_body=ti(cdata["point_body"]),
+            contact_point_local=t(cdata["local"]).reshape(-1, 3),
+            contact_radius=t(cdata["radius"]),
+            contact_friction=t(cdata["friction"]),
             contact_point_geom=cdata["point_geom"],
             contact=contact,
             skipped_geoms=cdata["skipped"],
@@ -629,33 +632,14 @@ def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
             f"(sphere, capsule, box and cylinder are): {', '.join(skipped)}",
             stacklevel=3,
         )
-    bodies = sorted(per_body)
-    if not contact.enabled:
-        bodies = []
-    width = max([len(per_body[b]) for b in bodies], default=0)
-    nc = len(bodies)
-    local = np.zeros((nc, width, 3))
-    radius = np.zeros((nc, width))
-    valid = np.zeros((nc, width))
-    fr = np.zeros((nc, width))
-    point_body, point_geom = [], []
-    for i, b in enumerate(bodies):
-        for k in range(width):
-            if k < len(per_body[b]):
-                p, r, mu, name = per_body[b][k]
-                local[i, k], radius[i, k], valid[i, k], fr[i, k] = p, r, 1.0, mu
-                point_geom.append(name)
-            else:
-                point_geom.append("")
-            point_body.append(b)
+    bodies = sorted(per_body) if contact.enabled else []
+    pts = [(b, *item) for b in bodies for item in per_body[b]]
     return {
-        "body": np.array(bodies, dtype=np.int64),
-        "local": local,
-        "radius": radius,
-        "valid": valid,
-        "friction": fr,
-        "point_body": np.array(point_body, dtype=np.int64),
-        "point_geom": tuple(point_geom),
+        "point_body": np.array([p[0] for p in pts], dtype=np.int64),
+        "local": np.array([p[1] for p in pts], dtype=np.float64).reshape(-1, 3),
+        "radius": np.array([p[2] for p in pts], dtype=np.float64),
+        "friction": np.array([p[3] for p in pts], dtype=np.float64),
+        "point_geom": tuple(p[4] for p in pts),
         "skipped": tuple(skipped),
     }
 
