@@ -3,9 +3,11 @@ rigid body algorithm), bias forces and inverse dynamics (recursive Newton-Euler)
 
 Spatial algebra in world axes about the reference point (the root origin at this instant): motion
 vectors ``(angular, linear)``, force vectors ``(moment, force)``. The recursions over the tree are written
-with the model's tree masks (``dof_moves_body``, ``subtree``, ``dof_frame``) as batched matrix products,
-so there is no Python loop over bodies or worlds here: forward passes (velocities, accelerations) sum the
+with the model's tree masks (``dof_moves_body``, ``subtree``, ``dof_frame``) as matrix products, so there
+is no Python loop over bodies or worlds here: forward passes (velocities, accelerations) sum the
 contributions of every ancestor DOF, backward passes (composite inertias, forces) sum over subtrees.
+A body's spatial inertia is kept as ten numbers (mass, first moment, inertia about the origin), which
+add up over subtrees.
 
 Velocities ``qd`` and accelerations ``qdd`` use the canonical convention (free root: origin velocity and
 angular velocity in world; ball: angular velocity in the parent frame); generalized forces are the duals
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .kinematics import Frames, _flat, body_twists, compute_frames
+from .kinematics import Comps, Frames, _flat, body_twists, compute_frames, cross, gather, rotate, rows, tree_product
 from .model import Model
 
 __all__ = [
@@ -27,152 +29,133 @@ __all__ = [
     "kinetic_energy",
     "potential_energy",
     "momentum",
-    "spatial_inertias",
-    "apply_inertia",
-    "composite_rigid_body",
-    "joint_space_product",
-    "generalized_forces",
 ]
 
 
-def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    ax, ay, az = a.unbind(-1)
-    bx, by, bz = b.unbind(-1)
-    return torch.stack([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx], dim=-1)
+def cross_motion(a: Comps, b: Comps) -> Comps:
+    """Spatial cross product of motion vectors ``a x b`` (6 components each)."""
+    wa, va, wb, vb = a[:3], a[3:], b[:3], b[3:]
+    return cross(wa, wb) + tuple(x + y for x, y in zip(cross(wa, vb), cross(va, wb)))
 
 
-def cross_motion(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Spatial cross product of motion vectors ``a x b`` (``[..., 6]`` each)."""
-    wa, va = a[..., :3], a[..., 3:]
-    wb, vb = b[..., :3], b[..., 3:]
-    return torch.cat([_cross(wa, wb), _cross(wa, vb) + _cross(va, wb)], dim=-1)
+def cross_force(v: Comps, f: Comps) -> Comps:
+    """Spatial cross product of a motion vector with a force vector ``v x* f`` (6 components each)."""
+    w, lin, n, force = v[:3], v[3:], f[:3], f[3:]
+    return tuple(x + y for x, y in zip(cross(w, n), cross(lin, force))) + cross(w, force)
 
 
-def cross_force(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Spatial cross product of a motion vector with a force vector ``v x* f`` (``[..., 6]`` each)."""
-    w, lin = v[..., :3], v[..., 3:]
-    n, force = f[..., :3], f[..., 3:]
-    return torch.cat([_cross(w, n) + _cross(lin, force), _cross(w, force)], dim=-1)
+def body_com(model: Model, fr: Frames) -> Comps:
+    """3 x ``[W, B]`` m: body centres of mass relative to the reference origin, world axes."""
+    rc = rotate(fr.body_rot, model.body_com_t)
+    return tuple(p - o + c for p, o, c in zip(fr.body_pos, fr.origin, rc))
 
 
-def body_com_world(model: Model, fr: Frames) -> torch.Tensor:
-    """``[W, B, 3]`` m: body centres of mass relative to the reference origin, world axes."""
-    return fr.body_pos - fr.origin[:, None] + torch.matmul(fr.body_rot, model.body_com[..., None])[..., 0]
+def spatial_inertias(model: Model, fr: Frames) -> Comps:
+    """10 x ``[W, B]``: spatial inertia of every body about the reference origin, world axes, as
+    ``(m, m c_x, m c_y, m c_z, I_xx, I_yy, I_zz, I_xy, I_xz, I_yz)`` (``c``: centre of mass relative to the
+    origin; ``I``: rotational inertia about the origin)."""
+    r = fr.body_rot
+    i00, i01, i02, i11, i12, i22 = model.body_inertia_t  # body-frame inertia about the COM, per body
+    # R I: rows of R times the constant symmetric I
+    ri = []
+    for a in range(3):
+        ra0, ra1, ra2 = r[3 * a], r[3 * a + 1], r[3 * a + 2]
+        ri.append(
+            (ra0 * i00 + ra1 * i01 + ra2 * i02, ra0 * i01 + ra1 * i11 + ra2 * i12, ra0 * i02 + ra1 * i12 + ra2 * i22)
+        )
 
+    def world(a, b):  # (R I R^T)[a, b]
+        return ri[a][0] * r[3 * b] + ri[a][1] * r[3 * b + 1] + ri[a][2] * r[3 * b + 2]
 
-def spatial_inertias(model: Model, fr: Frames) -> torch.Tensor:
-    """``[W, B, 10]`` spatial inertia of every body about the reference origin, world axes, as its ten
-    numbers ``(m, m c_x, m c_y, m c_z, I_xx, I_yy, I_zz, I_xy, I_xz, I_yz)`` (``c``: centre of mass relative
-    to the origin; ``I``: rotational inertia about the origin). Sums of these are the inertias of unions of
-    bodies, which is what the composite rigid body algorithm needs; :func:`apply_inertia` multiplies."""
-    m = model.body_mass[None, :, None]
-    c = body_com_world(model, fr)
-    ic = fr.body_rot @ model.body_inertia @ fr.body_rot.transpose(-1, -2)
-    cx, cy, cz = c.unbind(-1)
-    mc = m[..., 0]
-    cc = cx * cx + cy * cy + cz * cz
-    return torch.stack(
-        [
-            mc.expand_as(cx),
-            mc * cx,
-            mc * cy,
-            mc * cz,
-            ic[..., 0, 0] + mc * (cc - cx * cx),
-            ic[..., 1, 1] + mc * (cc - cy * cy),
-            ic[..., 2, 2] + mc * (cc - cz * cz),
-            ic[..., 0, 1] - mc * cx * cy,
-            ic[..., 0, 2] - mc * cx * cz,
-            ic[..., 1, 2] - mc * cy * cz,
-        ],
-        dim=-1,
+    m = model.body_mass
+    cx, cy, cz = body_com(model, fr)
+    mx, my, mz = m * cx, m * cy, m * cz
+    return (
+        m.expand_as(cx),
+        mx,
+        my,
+        mz,
+        world(0, 0) + my * cy + mz * cz,
+        world(1, 1) + mx * cx + mz * cz,
+        world(2, 2) + mx * cx + my * cy,
+        world(0, 1) - mx * cy,
+        world(0, 2) - mx * cz,
+        world(1, 2) - my * cz,
     )
 
 
-def apply_inertia(feat: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
-    """Spatial inertia (ten numbers, :func:`spatial_inertias`) times motion vectors: the momentum / force
-    ``(I w + h x v, m v + w x h)`` with ``h = m c``. Shapes ``[..., 10]`` and ``[..., 6]`` -> ``[..., 6]``."""
-    m, hx, hy, hz, ixx, iyy, izz, ixy, ixz, iyz = feat.unbind(-1)
-    wx, wy, wz, vx, vy, vz = motion.unbind(-1)
-    return torch.stack(
-        [
-            ixx * wx + ixy * wy + ixz * wz + hy * vz - hz * vy,
-            ixy * wx + iyy * wy + iyz * wz + hz * vx - hx * vz,
-            ixz * wx + iyz * wy + izz * wz + hx * vy - hy * vx,
-            m * vx + wy * hz - wz * hy,
-            m * vy + wz * hx - wx * hz,
-            m * vz + wx * hy - wy * hx,
-        ],
-        dim=-1,
+def apply_inertia(feat: Comps, motion: Comps) -> Comps:
+    """Spatial inertia (ten components) times motion vectors (six): ``(I w + h x v, m v + w x h)`` with
+    ``h = m c``."""
+    m, hx, hy, hz, ixx, iyy, izz, ixy, ixz, iyz = feat
+    wx, wy, wz, vx, vy, vz = motion
+    return (
+        ixx * wx + ixy * wy + ixz * wz + hy * vz - hz * vy,
+        ixy * wx + iyy * wy + iyz * wz + hz * vx - hx * vz,
+        ixz * wx + iyz * wy + izz * wz + hx * vy - hy * vx,
+        m * vx + wy * hz - wz * hy,
+        m * vy + wz * hx - wx * hz,
+        m * vz + wx * hy - wy * hx,
     )
 
 
-def _subtree_sum(model: Model, x: torch.Tensor) -> torch.Tensor:
-    """Sum ``x [W, B, ...]`` over each body's subtree."""
-    shape = x.shape
-    return torch.matmul(model.subtree, x.reshape(shape[0], shape[1], -1)).reshape(shape)
+def composite(model: Model, c: Comps) -> Comps:
+    """Sums over each body's subtree, gathered per DOF: k x ``[W, B]`` -> k x ``[W, nv]``."""
+    return gather(tree_product(c, model.subtree_t), model.dof_body)
 
 
-def joint_space_product(model: Model, applied: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
+def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
     """The composite-rigid-body assembly ``H[i, j] = s_i . (Xc_body(j) s_j)`` for DOF pairs on one branch.
 
     Args:
-        applied: ``[W, nv, 6]``: the subtree-composite operator of each DOF's body applied to the DOF's
+        applied: 6 x ``[W, nv]``: the subtree-composite operator of each DOF's body applied to the DOF's
             motion (``Xc_body(j) s_j``).
-        motion: ``[W, nv, 6]`` DOF motions ``s``.
+        motion_rows: ``[W, nv, 6]`` DOF motions ``s``.
     Returns:
         ``[W, nv, nv]`` symmetric.
     """
-    raw = torch.matmul(motion, applied.transpose(-1, -2))  # raw[i, j] = s_i . Xc(body j) s_j
+    raw = torch.bmm(motion_rows, torch.stack(applied, dim=1))  # raw[i, j] = s_i . Xc(body j) s_j
     return raw * model.dof_above + (raw * model.dof_above_strict).transpose(-1, -2)
 
 
-def composite_rigid_body(model: Model, inertia: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:
-    """``sum_b J_b^T I_b J_b`` for per-body spatial inertias ``inertia [W, B, 10]`` (composite rigid body
-    algorithm: subtree sums, then one product per DOF pair on a branch). Returns ``[W, nv, nv]``."""
-    xc = _subtree_sum(model, inertia)[:, model.dof_body]
-    return joint_space_product(model, apply_inertia(xc, motion), motion)
+def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
+    """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[W, B]``: moment
+    about the reference origin, force; world axes)."""
+    sub = composite(model, body_force)
+    out = motion[0] * sub[0]
+    for s, f in zip(motion[1:], sub[1:]):
+        out = out + s * f
+    return out
 
 
-def generalized_forces(model: Model, motion: torch.Tensor, body_force: torch.Tensor) -> torch.Tensor:
-    """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces ``[W, B, 6]`` (moment about
-    the reference origin, force; world axes)."""
-    sub = _subtree_sum(model, body_force)
-    return (motion * sub[:, model.dof_body]).sum(-1)
+def gravity_forces(model: Model, inertia: Comps) -> Comps:
+    """6 x ``[W, B]`` spatial gravity force on every body (off where ``body_gravity`` is 0)."""
+    scale = model.body_gravity
+    m = inertia[0] * scale
+    h = tuple(x * scale for x in inertia[1:4])
+    g = model.gravity_t
+    return cross(h, g) + (m * g[0], m * g[1], m * g[2])
 
 
-def gravity_forces(model: Model, inertia: torch.Tensor) -> torch.Tensor:
-    """``[W, B, 6]`` spatial gravity force on every body (switched off where ``body_gravity`` is 0)."""
-    scale = model.body_gravity[:, None]
-    mass = inertia[..., :1] * scale
-    h = inertia[..., 1:4] * scale
-    g = model.gravity.expand_as(h)
-    return torch.cat([_cross(h, g), mass * g], dim=-1)
-
-
-def _mass_matrix(model: Model, fr: Frames, inertia: torch.Tensor) -> torch.Tensor:
-    m = composite_rigid_body(model, inertia, fr.motion)
+def _mass_matrix(model: Model, fr: Frames, inertia: Comps) -> torch.Tensor:
+    m = joint_space_product(model, apply_inertia(composite(model, inertia), fr.motion), fr.motion_rows)
     return m + torch.diag_embed(model.armature.expand(m.shape[0], -1))
 
 
 def _rnea(
-    model: Model,
-    fr: Frames,
-    inertia: torch.Tensor,
-    qd: torch.Tensor,
-    qdd: torch.Tensor | None,
-    gravity: bool = True,
+    model: Model, fr: Frames, inertia: Comps, qd: torch.Tensor, qdd: torch.Tensor | None, gravity: bool = True
 ) -> torch.Tensor:
     s = fr.motion
-    sv = s * qd[..., None]
-    vel = torch.matmul(model.dof_moves_body, sv)  # [W, B, 6]
-    frame_vel = torch.matmul(model.dof_frame, sv)  # [W, nv, 6]
+    sv = tuple(c * qd for c in s)
+    vel = tree_product(sv, model.moves_t)  # 6 x [W, B]
+    frame_vel = tree_product(sv, model.frame_t)  # 6 x [W, nv]
     acc_terms = cross_motion(frame_vel, sv)
     if qdd is not None:
-        acc_terms = acc_terms + s * qdd[..., None]
-    acc = torch.matmul(model.dof_moves_body, acc_terms)
-    f = apply_inertia(inertia, acc) + cross_force(vel, apply_inertia(inertia, vel))
+        acc_terms = tuple(a + c * qdd for a, c in zip(acc_terms, s))
+    acc = tree_product(acc_terms, model.moves_t)
+    f = tuple(a + b for a, b in zip(apply_inertia(inertia, acc), cross_force(vel, apply_inertia(inertia, vel))))
     if gravity:
-        f = f - gravity_forces(model, inertia)
+        f = tuple(a - g for a, g in zip(f, gravity_forces(model, inertia)))
     tau = generalized_forces(model, s, f)
     if qdd is not None:
         tau = tau + model.armature * qdd
@@ -253,9 +236,8 @@ def kinetic_energy(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Ten
     q2, lead = _flat(model, q, model.nq, "q")
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    inertia = spatial_inertias(model, fr)
     vel = body_twists(model, fr.motion, qd2)
-    e = 0.5 * (vel * apply_inertia(inertia, vel)).sum((-1, -2))
+    e = 0.5 * (rows(vel) * rows(apply_inertia(spatial_inertias(model, fr), vel))).sum((-1, -2))
     e = e + 0.5 * (model.armature * qd2 * qd2).sum(-1)
     return e.reshape(lead)
 
@@ -264,8 +246,9 @@ def potential_energy(model: Model, q: torch.Tensor) -> torch.Tensor:
     """``[...]`` J: gravitational potential energy ``-sum_b m_b g . c_b`` (world origin at zero)."""
     q2, lead = _flat(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
-    c = body_com_world(model, fr) + fr.origin[:, None]
-    e = -((model.body_mass * model.body_gravity)[None, :, None] * c * model.gravity).sum((-1, -2))
+    c = tuple(x + o for x, o in zip(body_com(model, fr), fr.origin))
+    mg = model.body_mass * model.body_gravity
+    e = -(mg * (c[0] * model.gravity_t[0] + c[1] * model.gravity_t[1] + c[2] * model.gravity_t[2])).sum(-1)
     return e.reshape(lead)
 
 
@@ -275,9 +258,8 @@ def momentum(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
     q2, lead = _flat(model, q, model.nq, "q")
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    inertia = spatial_inertias(model, fr)
     vel = body_twists(model, fr.motion, qd2)
-    h = apply_inertia(inertia, vel).sum(1)  # about the reference origin
-    ang = h[:, :3] + _cross(fr.origin, h[:, 3:])
-    out = torch.cat([ang, h[:, 3:]], dim=-1)
-    return out.reshape(lead + (6,))
+    h = rows(apply_inertia(spatial_inertias(model, fr), vel)).sum(1)  # about the reference origin
+    o = rows(fr.origin)[:, 0]
+    ang = h[:, :3] + torch.linalg.cross(o, h[:, 3:])
+    return torch.cat([ang, h[:, 3:]], dim=-1).reshape(lead + (6,))

@@ -41,8 +41,8 @@ from .control import (
     integrate,
     tangent_difference,
 )
-from .dynamics import _mass_matrix, _rnea, _subtree_sum, generalized_forces, joint_space_product, spatial_inertias
-from .kinematics import body_twists, compute_frames
+from .dynamics import _mass_matrix, _rnea, composite, generalized_forces, joint_space_product, spatial_inertias
+from .kinematics import body_twists, compute_frames, rows
 from .model import Model, State
 
 __all__ = ["Simulator", "StepResult"]
@@ -180,8 +180,7 @@ class Simulator:
             if self._has_contact:
                 cg, feats, cterms = self._contact_terms(u, depth0, offset)
                 grad = grad - h * generalized_forces(m, s, cg)
-                comp = _subtree_sum(m, feats)[:, m.dof_body]
-                hess = hess + joint_space_product(m, apply_point_stiffness(comp, s), s)
+                hess = hess + joint_space_product(m, apply_point_stiffness(composite(m, feats), s), fr.motion_rows)
             if pinned is not None:
                 grad = grad * free
                 hess = hess * free[:, :, None] * free[:, None, :] + pin_eye
@@ -204,17 +203,13 @@ class Simulator:
                     du,
                     depth0 if self._has_contact else None,
                     cterms,
-                )
-                a = alpha[:, None]
-                v = v + a * dv
-                mvq = mvq + a * mdv
-                if self._has_contact:
-                    u = u + a[..., None] * du
+                )[:, None]
             else:
-                v = v + dv
-                mvq = mvq + mdv
-                if self._has_contact:
-                    u = u + du
+                alpha = 1.0
+            v = v + alpha * dv
+            mvq = mvq + alpha * mdv
+            if self._has_contact:
+                u = tuple(a + alpha * b for a, b in zip(u, du))
 
         # -- report and advance ---------------------------------------------------------------------------
         drive_a, drive_b, effort = drive[0], drive[1], drive[2]
@@ -223,13 +218,14 @@ class Simulator:
         saturated = x.abs() > effort
         if self._has_contact:
             cp = m.contact
-            depth = depth0 - h * u[..., 2]
+            ux, uy, uz = u
+            depth = depth0 - h * uz
             act = (depth > 0).to(m.dtype)
-            lam = torch.clamp(cp.stiffness * depth - cp.damping * u[..., 2], min=0.0) * act
-            ut = u[..., :2]
-            slip = torch.sqrt((ut * ut).sum(-1))
+            lam = torch.clamp(cp.stiffness * depth - cp.damping * uz, min=0.0) * act
+            slip = torch.sqrt(ux * ux + uy * uy)
             fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * self._c_mu0 * lam
-            normal, friction, cdepth, cpos = lam, -fw[..., None] * ut, depth, geo.position
+            normal, friction, cdepth = lam, torch.stack([-fw * ux, -fw * uy], -1), depth
+            cpos = rows(geo.position)
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
@@ -310,19 +306,18 @@ class Simulator:
         Newton model, plus the lagged quantities the line search keeps fixed."""
         m, h = self.model, self.dt
         cp = m.contact
-        depth = depth0 - h * u[..., 2]
+        ux, uy, uz = u
+        depth = depth0 - h * uz
         act = (depth > 0).to(m.dtype)
-        fz = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * u[..., 2]
+        fz = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * uz
         mu_lam = self._c_mu0 * torch.clamp(fz, min=0.0)
-        ut = u[..., :2]
-        slip = torch.sqrt((ut * ut).sum(-1))
+        slip = torch.sqrt(ux * ux + uy * uy)
         fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * mu_lam
-        pf = torch.cat([-fw[..., None] * ut, fz[..., None]], dim=-1)
         # curvature: the penalty also for points that could reach the ground in this step (a majorizer)
-        near = ((depth0 + h * u[..., 2].abs() + self._reach) > 0).to(m.dtype)
+        near = ((depth0 + h * uz.abs() + self._reach) > 0).to(m.dtype)
         kn = h * (h * cp.stiffness + cp.damping) * torch.maximum(act, near)
         feats = point_stiffness_features(m, offset, h * fw, kn)
-        return point_forces_to_bodies(m, offset, pf), feats, (act, mu_lam)
+        return point_forces_to_bodies(m, offset, (-fw * ux, -fw * uy, fz)), feats, (act, mu_lam)
 
     def _joint_energy(self, v, qs, drive, lim_active):
         """Per-DOF energy of the joint-space terms for velocities ``v [W, A, nv]`` (lagged limit damping)."""
@@ -364,13 +359,14 @@ class Simulator:
         if u is not None:
             cp = m.contact
             act, mu_lam = cterms
-            uu = torch.stack([u, u + du], dim=1)  # [W, 2, C, 3]
-            uz = uu[..., 2]
-            d = torch.clamp(depth0[:, None] - h * uz, min=0.0)
-            ec = 0.5 * cp.stiffness * d * d + 0.5 * h * cp.damping * act[:, None] * uz * uz
-            slip = torch.sqrt((uu[..., :2] ** 2).sum(-1))
-            ec = ec + h * mu_lam[:, None] * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
-            de = de + (ec[:, 1] - ec[:, 0]).sum(-1)
+
+            def energy(ux, uy, uz):
+                d = torch.clamp(depth0 - h * uz, min=0.0)
+                e = 0.5 * cp.stiffness * d * d + 0.5 * h * cp.damping * act * uz * uz
+                slip = torch.sqrt(ux * ux + uy * uy)
+                return e + h * mu_lam * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
+
+            de = de + (energy(*(a + b for a, b in zip(u, du))) - energy(*u)).sum(-1)
         slope = (grad * dv).sum(-1)  # < 0: dv is a descent direction (H is positive definite)
         curv = de - slope
         backtrack = torch.clamp(-slope / torch.clamp(2.0 * curv, min=1e-30), min=0.05, max=1.0)

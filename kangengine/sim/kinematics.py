@@ -1,13 +1,17 @@
 """Velocity kinematics of a :class:`~kangengine.sim.Model`, batched over worlds.
 
 Positions come from the foundation's forward kinematics (``layout.kinematics.joint_frames``: the one FK
-implementation, which also reports every joint's world anchor and axis frame); this module turns them into
-the motion of every DOF as a spatial vector and into link Jacobians and velocities.
+implementation, which also reports every joint's world anchor and every DOF's world axis); this module
+turns them into the motion of every DOF as a spatial vector and into link Jacobians and velocities.
 
 Internally a DOF's motion is a 6-vector ``(angular, linear)`` in world axes, the linear part being the
 velocity of the material point at the *reference point* (the root body origin at this instant) moving
 with the DOF. Public results use the link origin instead (MuJoCo's ``mj_jacBody`` convention) and order
 ``(linear, angular)``.
+
+Internal layout ("structure of arrays"): a vector quantity over worlds and bodies (or DOFs, or contact
+points) is a tuple of its components, each a contiguous ``[W, n]`` tensor, so element-wise maths runs on
+contiguous memory and sums over the tree are single matrix products ``[k W, n] @ [n, m]``.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import rotations as R
 from ..errors import ShapeError
 from .model import Model
 
-__all__ = ["Frames", "LinkVelocities", "compute_frames", "link_jacobians", "link_velocities", "link_transforms"]
+__all__ = ["LinkVelocities", "link_jacobians", "link_velocities", "link_transforms"]
+
+Comps = tuple  # tuple of [W, n] tensors
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,19 +33,21 @@ class Frames:
     """Positions and DOF motions of ``W`` worlds at one configuration (what dynamics and contact use).
 
     Attributes:
-        origin: ``[W, 3]`` m, world position of the reference point (root body origin).
-        body_pos: ``[W, B, 3]`` m, link origins in world.
+        origin: 3 x ``[W, 1]`` m, world position of the reference point (root body origin).
+        body_pos: 3 x ``[W, B]`` m, link origins in world.
+        body_rot: 9 x ``[W, B]``, rotation matrices ``world_from_body`` (row-major).
         body_quat: ``[W, B, 4]`` WXYZ ``world_from_body``.
-        body_rot: ``[W, B, 3, 3]`` rotation matrices of ``body_quat``.
-        motion: ``[W, nv, 6]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
+        motion: 6 x ``[W, nv]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
             DOF rate, world axes.
+        motion_rows: ``[W, nv, 6]`` the same, DOF-major (for the joint-space products).
     """
 
-    origin: torch.Tensor
-    body_pos: torch.Tensor
+    origin: Comps
+    body_pos: Comps
+    body_rot: Comps
     body_quat: torch.Tensor
-    body_rot: torch.Tensor
-    motion: torch.Tensor
+    motion: Comps
+    motion_rows: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +61,44 @@ class LinkVelocities:
 
     linear: torch.Tensor
     angular: torch.Tensor
+
+
+# -- component helpers ---------------------------------------------------------------------------------
+
+
+def cross(a: Comps, b: Comps) -> Comps:
+    ax, ay, az = a
+    bx, by, bz = b
+    return (ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx)
+
+
+def soa(x: torch.Tensor) -> Comps:
+    """``[W, n, k]`` -> k x ``[W, n]`` contiguous."""
+    return x.permute(2, 0, 1).contiguous().unbind(0)
+
+
+def rows(c: Comps) -> torch.Tensor:
+    """k x ``[W, n]`` -> ``[W, n, k]``."""
+    return torch.stack(c, dim=-1)
+
+
+def tree_product(c: Comps, mat_t: torch.Tensor) -> Comps:
+    """``sum_j x[..., j] mat[i, j]`` for every component: k x ``[W, n]`` and ``mat_t = mat.T [n, m]``."""
+    x = torch.stack(c)
+    k, w, n = x.shape
+    return (x.view(k * w, n) @ mat_t).view(k, w, -1).unbind(0)
+
+
+def gather(c: Comps, index: torch.Tensor) -> Comps:
+    """Select entries ``index`` along the last axis of every component (one indexing op)."""
+    return torch.stack(c).index_select(2, index).unbind(0)
+
+
+def scatter_sum(model: Model, c: Comps, index: torch.Tensor, size: int) -> Comps:
+    """Sum entries of every component into ``size`` slots by ``index`` (last axis)."""
+    x = torch.stack(c)
+    out = torch.zeros(x.shape[0], x.shape[1], size, dtype=x.dtype, device=x.device)
+    return out.index_add_(2, index, x).unbind(0)
 
 
 def _flat(model: Model, x, n: int, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -72,29 +117,46 @@ def _flat(model: Model, x, n: int, name: str) -> tuple[torch.Tensor, tuple[int, 
     return x.reshape(-1, n), tuple(x.shape[:-1])
 
 
+def _quat_matrix(w, x, y, z) -> Comps:
+    xx, yy, zz = x * x, y * y, z * z
+    xy, xz, yz = x * y, x * z, y * z
+    wx, wy, wz = w * x, w * y, w * z
+    return (
+        1.0 - 2.0 * (yy + zz), 2.0 * (xy - wz), 2.0 * (xz + wy),
+        2.0 * (xy + wz), 1.0 - 2.0 * (xx + zz), 2.0 * (yz - wx),
+        2.0 * (xz - wy), 2.0 * (yz + wx), 1.0 - 2.0 * (xx + yy),
+    )  # fmt: skip
+
+
+def rotate(rot: Comps, v) -> Comps:
+    """``R v`` for rotation components ``rot`` and a vector ``v`` (components or per-entry constants)."""
+    r00, r01, r02, r10, r11, r12, r20, r21, r22 = rot
+    vx, vy, vz = v
+    return (r00 * vx + r01 * vy + r02 * vz, r10 * vx + r11 * vy + r12 * vz, r20 * vx + r21 * vy + r22 * vz)
+
+
 def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     """Forward kinematics plus the spatial motion of every DOF at ``q [W, nq]`` (no shape checks)."""
     jf = model.layout.kinematics.joint_frames(q)
-    body_pos = jf.body_positions
     body_quat = jf.body_rotations_wxyz
-    origin = body_pos[:, 0]
-    axes = jf.dof_axes  # [W, nv, 3] world
-    ja = jf.joint_positions[:, model.dof_step] - origin[:, None]  # [W, nv, 3]
-    ang = axes * model.dof_is_angular[:, None]
-    lin = axes * model.dof_is_linear[:, None] + torch.linalg.cross(ja, ang)
+    bp = soa(jf.body_positions)
+    origin = tuple(c[:, :1] for c in bp)
+    rot = _quat_matrix(*soa(body_quat))
+    axes = soa(jf.dof_axes)
+    anchor = gather(soa(jf.joint_positions), model.dof_step)
+    ja = tuple(a - o for a, o in zip(anchor, origin))
+    ang = tuple(c * model.dof_is_angular for c in axes)
+    lin = tuple(c * model.dof_is_linear + x for c, x in zip(axes, cross(ja, ang)))
+    motion = ang + lin
     return Frames(
-        origin=origin,
-        body_pos=body_pos,
-        body_quat=body_quat,
-        body_rot=R.quat_to_matrix(body_quat),
-        motion=torch.cat([ang, lin], dim=-1),
+        origin=origin, body_pos=bp, body_rot=rot, body_quat=body_quat, motion=motion, motion_rows=rows(motion)
     )
 
 
-def body_twists(model: Model, motion: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
-    """``[W, B, 6]`` spatial velocities (angular, velocity of the point at the reference origin) of every
+def body_twists(model: Model, motion: Comps, qd: torch.Tensor) -> Comps:
+    """6 x ``[W, B]`` spatial velocities (angular, velocity of the point at the reference origin) of every
     body for generalized velocities ``qd [W, nv]``."""
-    return torch.matmul(model.dof_moves_body, motion * qd[..., None])
+    return tree_product(tuple(s * qd for s in motion), model.moves_t)
 
 
 def link_transforms(model: Model, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,13 +186,12 @@ def link_jacobians(model: Model, q: torch.Tensor) -> torch.Tensor:
     """
     q2, lead = _flat(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
-    ang = fr.motion[..., :3]  # [W, nv, 3]
-    lin = fr.motion[..., 3:]
-    r = (fr.body_pos - fr.origin[:, None])[:, :, None, :]  # [W, B, 1, 3]
+    s = fr.motion_rows  # [W, nv, 6]
+    ang, lin = s[..., :3], s[..., 3:]
+    r = (rows(fr.body_pos) - rows(fr.origin))[:, :, None, :]  # [W, B, 1, 3]
     lin_b = lin[:, None] + torch.linalg.cross(ang[:, None], r)  # [W, B, nv, 3]
     mask = model.dof_moves_body[None, :, :, None]  # [1, B, nv, 1]
-    jac = torch.cat([lin_b, ang[:, None].expand_as(lin_b)], dim=-1) * mask  # [W, B, nv, 6]
-    jac = jac.transpose(-1, -2)
+    jac = (torch.cat([lin_b, ang[:, None].expand_as(lin_b)], dim=-1) * mask).transpose(-1, -2)
     return jac.reshape(lead + jac.shape[1:])
 
 
@@ -147,6 +208,8 @@ def link_velocities(model: Model, q: torch.Tensor, qd: torch.Tensor) -> LinkVelo
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
     tw = body_twists(model, fr.motion, qd2)
-    ang, lin_o = tw[..., :3], tw[..., 3:]
-    lin = lin_o + torch.linalg.cross(ang, fr.body_pos - fr.origin[:, None])
-    return LinkVelocities(linear=lin.reshape(lead + lin.shape[1:]), angular=ang.reshape(lead + ang.shape[1:]))
+    ang = tw[:3]
+    r = tuple(p - o for p, o in zip(fr.body_pos, fr.origin))
+    lin = tuple(v + c for v, c in zip(tw[3:], cross(ang, r)))
+    b = model.num_bodies
+    return LinkVelocities(linear=rows(lin).reshape(lead + (b, 3)), angular=rows(ang).reshape(lead + (b, 3)))

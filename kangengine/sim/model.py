@@ -95,7 +95,8 @@ class Model:
     Bodies:
         body_mass ``[B]`` kg; body_com ``[B, 3]`` m (body frame); body_inertia ``[B, 3, 3]`` kg m^2 about
         the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off;
-        gravity ``[3]`` m/s^2 (world).
+        gravity ``[3]`` m/s^2 (world); gravity_t, body_com_t, body_inertia_t: the same as per-component
+        tuples (floats; ``[B]`` tensors; xx, xy, xz, yy, yz, zz) for the component-wise maths.
     DOFs:
         dof_body ``[nv]`` body each DOF moves; dof_step ``[nv]`` its joint step; dof_angular_axis and
         dof_linear_axis ``[nv, 3]``: the DOF's unit motion in its joint frame (hinge: angular = axis;
@@ -109,7 +110,8 @@ class Model:
         dof_moves_body ``[B, nv]``; subtree ``[B, B]`` (``subtree[b, k]``: k lies in b's subtree);
         dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_above_strict (a proper
         ancestor); dof_coupled ``[nv, nv]`` (one of the two);
-        dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in.
+        dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in. moves_t,
+        subtree_t, frame_t: transposes (contiguous) used by the tree products.
     Contacts (``C`` points, flat, ordered by body):
         contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
         of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
@@ -131,6 +133,9 @@ class Model:
     body_inertia: torch.Tensor
     body_gravity: torch.Tensor
     gravity: torch.Tensor
+    gravity_t: tuple
+    body_com_t: tuple
+    body_inertia_t: tuple
     dof_body: torch.Tensor
     dof_step: torch.Tensor
     dof_angular_axis: torch.Tensor
@@ -159,6 +164,9 @@ class Model:
     dof_above_strict: torch.Tensor
     dof_coupled: torch.Tensor
     dof_frame: torch.Tensor
+    moves_t: torch.Tensor
+    subtree_t: torch.Tensor
+    frame_t: torch.Tensor
     scalar_dof: torch.Tensor
     scalar_q: torch.Tensor
     vec_q: torch.Tensor
@@ -167,6 +175,7 @@ class Model:
     rot_v: torch.Tensor
     contact_point_body: torch.Tensor
     contact_point_local: torch.Tensor
+    contact_point_local_t: tuple
     contact_radius: torch.Tensor
     contact_friction: torch.Tensor
     contact_point_geom: tuple[str, ...]
@@ -406,6 +415,9 @@ class Model:
             body_inertia=t(inertia),
             body_gravity=t(grav_mask),
             gravity=t(g),
+            gravity_t=tuple(float(x) for x in g),
+            body_com_t=tuple(t(com[:, k]) for k in range(3)),
+            body_inertia_t=tuple(t(inertia[:, a, b]) for a, b in ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))),
             dof_body=ti(dof_body),
             dof_step=ti(dof_step),
             dof_angular_axis=t(ang),
@@ -434,6 +446,9 @@ class Model:
             dof_above_strict=t(above & (dof_body[:, None] != dof_body[None, :])),
             dof_coupled=t(coupled),
             dof_frame=t(frame),
+            moves_t=t(moves.T),
+            subtree_t=t(anc.T),
+            frame_t=t(frame.T),
             scalar_dof=torch.as_tensor(scalar, device=device),
             scalar_q=ti(scalar_q),
             vec_q=ti(ix["vec_q"]),
@@ -442,6 +457,7 @@ class Model:
             rot_v=ti(ix["rot_v"]),
             contact_point_body=ti(cdata["point_body"]),
             contact_point_local=t(cdata["local"]).reshape(-1, 3),
+            contact_point_local_t=tuple(t(cdata["local"][:, k]) for k in range(3)),
             contact_radius=t(cdata["radius"]),
             contact_friction=t(cdata["friction"]),
             contact_point_geom=cdata["point_geom"],
