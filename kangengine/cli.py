@@ -3,6 +3,9 @@
 ``kangengine info MODEL [CLIP ...]`` prints, as JSON, what KangEngine reads from an articulation file
 (MJCF ``.xml`` or URDF ``.urdf``: bodies, joints, coordinate layout, signature) and from motion clips.
 ``kangengine info --example`` does the same on the shipped example model and clip.
+``kangengine convert MODEL CLIP... --config NAME --out DIR`` retargets and maps clips onto the model, one
+articulation-motion ``.npz`` per clip, resumable, bad clips listed (``--example``: the shipped CMU walk onto
+the shipped CMU humanoid).
 """
 
 from __future__ import annotations
@@ -108,6 +111,35 @@ def _info(args) -> int:
     return 0
 
 
+def _convert(args) -> int:
+    from .datasets.batch import ConvertOptions, convert_clips
+    from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+
+    model, clips, config = args.model, list(args.clips), args.config
+    if args.example:
+        model, clips = str(data_path(CMU_HUMANOID_MJCF)), [str(data_path(CMU_WALK_BVH))] + clips
+        config = config or "cmu_bvh_to_cmu_humanoid"
+    if model is None or not clips or config is None:
+        print("kangengine convert: give MODEL, CLIP... and --config, or --example", file=sys.stderr)
+        return 2
+    options = ConvertOptions(
+        config=config, free_root=not args.fixed_root, clamp_to_limits=args.clamp, fps=args.fps, order=args.order
+    )
+    report = convert_clips(clips, model, options=options, out_dir=args.out, overwrite=args.overwrite, jobs=args.jobs)
+    counts = report.to_dict()["counts"]
+    print(
+        json.dumps(
+            {
+                "summary": report.summary_path,
+                "counts": counts,
+                "failed": [{"clip": o.source, "error": o.error} for o in report.failed],
+            },
+            indent=2,
+        )
+    )
+    return 1 if report.failed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kangengine", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +150,19 @@ def main(argv=None) -> int:
     info.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
     info.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
     info.set_defaults(func=_info)
+    conv = sub.add_parser("convert", help="retarget and map clips onto a robot, one .npz per clip (resumable)")
+    conv.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
+    conv.add_argument("clips", nargs="*", help="motion clips (.bvh, .fbx, AMASS .npz, poselib .npy)")
+    conv.add_argument("--config", help="retarget configuration (e.g. cmu_bvh_to_cmu_humanoid)")
+    conv.add_argument("--out", default="kangengine_output", help="output folder (default ./kangengine_output)")
+    conv.add_argument("--example", action="store_true", help="the shipped CMU walk onto the shipped CMU humanoid")
+    conv.add_argument("--fps", type=float, default=None, help="resample clips to this rate first")
+    conv.add_argument("--clamp", action="store_true", help="clamp joint values into their limits")
+    conv.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
+    conv.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
+    conv.add_argument("--overwrite", action="store_true", help="redo clips whose output is up to date")
+    conv.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    conv.set_defaults(func=_convert)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

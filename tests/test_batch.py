@@ -1,0 +1,95 @@
+"""Dataset conversion: real clips onto the CMU humanoid, bad clips listed, resume, parallel workers, CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import data_file
+
+import kangengine as ke
+from kangengine.cli import main
+from kangengine.datasets import ConvertOptions, convert_clips
+from kangengine.examples import data_path
+
+MODEL = data_path("humanoid_CMU.xml")
+OPTS = ConvertOptions(config="cmu_bvh_to_cmu_humanoid")
+
+
+@pytest.fixture()
+def clips(tmp_path):
+    good = tmp_path / "walk.bvh"
+    shutil.copy(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), good)
+    truncated = tmp_path / "truncated.bvh"
+    truncated.write_text(good.read_text()[:5000])
+    foreign = tmp_path / "arm.bvh"  # a 3-joint arm: the CMU joint map does not apply
+    shutil.copy(data_file("bvh/other/arm_3joint.bvh"), foreign)
+    return good, truncated, foreign
+
+
+def test_converts_good_clips_and_lists_bad_ones(clips, tmp_path):
+    good, truncated, foreign = clips
+    out = tmp_path / "out"
+    report = convert_clips([good, truncated, foreign], MODEL, options=OPTS, out_dir=out)
+    assert [o.status for o in report.outcomes] == ["converted", "failed", "failed"]
+    assert "truncated.bvh" in report.outcomes[1].error and "FormatError" in report.outcomes[1].error
+    assert "UnknownNameError" in report.outcomes[2].error
+    summary = json.loads((out / "convert_summary.json").read_text())
+    assert summary["counts"] == {"converted": 1, "up_to_date": 0, "failed": 2}
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(MODEL))
+    motion = ke.animation.load_articulation_motion_npz(out / "walk.npz", layout)
+    assert motion.num_frames == 343 and motion.fps() == pytest.approx(120, rel=1e-4)
+    assert motion.metadata["residual_max_rad"] < 0.5 and np.isfinite(motion.q).all()
+    # the written q is the mapper's own result for the retargeted clip
+    src = ke.io.load_bvh(good)
+    moved = ke.animation.retarget_motion(src, OPTS.config, ke.asset.load(MODEL))
+    again = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved.motion)
+    np.testing.assert_array_equal(motion.q, again.motion.q)
+
+
+def test_resume_skips_up_to_date_and_redoes_stale(clips, tmp_path):
+    good, _, _ = clips
+    out = tmp_path / "out"
+    convert_clips([good], MODEL, options=OPTS, out_dir=out)
+    before = (out / "walk.npz").stat().st_mtime_ns
+    again = convert_clips([good], MODEL, options=OPTS, out_dir=out)
+    assert again.outcomes[0].status == "up_to_date" and (out / "walk.npz").stat().st_mtime_ns == before
+    # other options: stale, converted again
+    at60 = convert_clips([good], MODEL, options=ConvertOptions(config=OPTS.config, fps=60.0), out_dir=out)
+    assert at60.outcomes[0].status == "converted"
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(MODEL))
+    assert ke.animation.load_articulation_motion_npz(out / "walk.npz", layout).fps() == 60.0
+    # a changed source file: stale too
+    text = good.read_text().replace("Frame Time: 0.008333", "Frame Time: 0.010000")
+    good.write_text(text)
+    assert (
+        convert_clips([good], MODEL, options=ConvertOptions(config=OPTS.config, fps=60.0), out_dir=out)
+        .outcomes[0]
+        .status
+        == "converted"
+    )
+
+
+def test_parallel_workers_give_the_same_outputs(clips, tmp_path):
+    good, truncated, _ = clips
+    serial = convert_clips([good, truncated], MODEL, options=OPTS, out_dir=tmp_path / "a")
+    parallel = convert_clips([good, truncated], MODEL, options=OPTS, out_dir=tmp_path / "b", jobs=2)
+    assert [o.status for o in serial.outcomes] == [o.status for o in parallel.outcomes]
+    za, zb = np.load(tmp_path / "a" / "walk.npz"), np.load(tmp_path / "b" / "walk.npz")
+    np.testing.assert_array_equal(za["q"], zb["q"])
+    np.testing.assert_array_equal(za["qd"], zb["qd"])
+
+
+def test_cli_convert(clips, tmp_path, capsys):
+    good, truncated, _ = clips
+    assert main(["convert", "--example", "--out", str(tmp_path / "ex")]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["converted"] == 1
+    rc = main(["convert", str(MODEL), str(good), str(truncated), "--config", OPTS.config, "--out", str(tmp_path / "o")])
+    assert rc == 1  # a failed clip makes the exit status non-zero, after converting the rest
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"] == {"converted": 1, "up_to_date": 0, "failed": 1}
+    assert report["failed"][0]["clip"].endswith("truncated.bvh")
+    assert main(["convert", str(MODEL), str(good), "--config", "no_such_config", "--out", str(tmp_path / "x")]) == 1
+    assert "no_such_config" in capsys.readouterr().err
