@@ -337,7 +337,7 @@ def test_contact_points_match_mujoco_geoms_and_filter():
     from kangengine.sim.kinematics import compute_frames
 
     geo = contact_geometry(model, compute_frames(model, torch.as_tensor(q)[None]))
-    pos = torch.stack(geo.position, -1)[0].numpy()
+    pos = torch.stack(geo.position, -1)[:, 0].numpy()  # components are [C, W]
     for k in range(model.num_contact_points):
         g = m.geom(model.contact_point_geom[k])
         centre, axis, r = d.geom_xpos[g.id], d.geom_xmat[g.id].reshape(3, 3)[:, 2], m.geom_size[g.id][0]

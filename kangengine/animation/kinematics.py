@@ -508,17 +508,20 @@ class BodyKinematics:
         fn = self._traced_joint_frames()
         n, nb = q2.shape[0], self.plan.num_bodies
         ns = sum(len(st) for st in self.plan.steps)
+        # Outputs live component-major ([k, n, frames], frames innermost) and are written through
+        # [frames, n, k] views: each traced row write is contiguous and callers that want components
+        # (the simulator) get them without a copy; the returned arrays are those [frames, n, k] views.
         if _is_torch(q2):
             import torch
 
-            mk = lambda *shape: torch.empty(shape, dtype=q2.dtype, device=q2.device)
+            mk = lambda n_, k_: torch.empty((k_, n_, n), dtype=q2.dtype, device=q2.device).permute(2, 1, 0)
             on_cpu = q2.device.type == "cpu" and not q2.requires_grad
         else:
-            mk = lambda *shape: np.empty(shape, dtype=q2.dtype)
+            mk = lambda n_, k_: np.empty((k_, n_, n), dtype=q2.dtype).transpose(2, 1, 0)
             on_cpu = True
         nd = sum(_STEP_DOFS[st.kind] for steps in self.plan.steps for st in steps)
-        out_p, out_r, out_jp, out_jr = mk(n, nb, 3), mk(n, nb, 4), mk(n, ns, 3), mk(n, ns, 4)
-        out_ax = mk(n, nd, 3)
+        out_p, out_r, out_jp, out_jr = mk(nb, 3), mk(nb, 4), mk(ns, 3), mk(ns, 4)
+        out_ax = mk(nd, 3)
 
         def chunk(s, e):
             qt = q2[s:e].T

@@ -32,9 +32,9 @@ class ContactGeometry:
     """Contact points of ``W`` worlds at one configuration.
 
     Attributes:
-        position: 3 x ``[W, C]`` m, world position of each contact point (lowest point of its sphere).
-        offset: 3 x ``[W, C]`` m, the same relative to the reference origin (root origin).
-        depth: ``[W, C]`` m, penetration into the ground (positive inside).
+        position: 3 x ``[C, W]`` m, world position of each contact point (lowest point of its sphere).
+        offset: 3 x ``[C, W]`` m, the same relative to the reference origin (root origin).
+        depth: ``[C, W]`` m, penetration into the ground (positive inside).
     """
 
     position: Comps
@@ -47,27 +47,27 @@ def contact_geometry(model: Model, fr: Frames) -> ContactGeometry:
     pts = gather(fr.body_pos + fr.body_rot, model.contact_point_body)
     local = model.contact_point_local_t
     cx, cy, cz = (p + r for p, r in zip(pts[:3], rotate(pts[3:], local)))
-    lz = cz - model.contact_radius
+    lz = cz - model.contact_radius_c
     pos = (cx, cy, lz)
     offset = tuple(p - o for p, o in zip(pos, fr.origin))
     return ContactGeometry(position=pos, offset=offset, depth=model.contact.ground_height - lz)
 
 
 def point_velocities(model: Model, twists: Comps, offset: Comps) -> Comps:
-    """3 x ``[W, C]`` m/s: velocity of each contact point given body twists (6 x ``[W, B]``: angular,
-    velocity at the reference origin) and point offsets (3 x ``[W, C]``)."""
+    """3 x ``[C, W]`` m/s: velocity of each contact point given body twists (6 x ``[B, W]``: angular,
+    velocity at the reference origin) and point offsets (3 x ``[C, W]``)."""
     tw = gather(twists, model.contact_point_body)
     return tuple(v + c for v, c in zip(tw[3:], cross(tw[:3], offset)))
 
 
 def point_forces_to_bodies(model: Model, offset: Comps, force: Comps) -> Comps:
-    """6 x ``[W, B]`` spatial body forces (moment about the reference origin, force) of point forces
-    (3 x ``[W, C]``) applied at ``offset``."""
-    return scatter_sum(model, cross(offset, force) + tuple(force), model.contact_point_body, model.num_bodies)
+    """6 x ``[B, W]`` spatial body forces (moment about the reference origin, force) of point forces
+    (3 x ``[C, W]``) applied at ``offset``."""
+    return scatter_sum(cross(offset, force) + tuple(force), model.contact_point_body, model.num_bodies)
 
 
 def point_stiffness_features(model: Model, offset: Comps, k_tangent: torch.Tensor, k_normal: torch.Tensor) -> Comps:
-    """16 x ``[W, B]`` per-body sums of point stiffnesses ``diag(k_t, k_t, k_n)`` (world axes) at ``offset``:
+    """16 x ``[B, W]`` per-body sums of point stiffnesses ``diag(k_t, k_t, k_n)`` (world axes) at ``offset``:
     ten numbers of the point "mass" ``k_t`` (spatial-inertia form) then six moments of ``k_n - k_t``
     (``sum d, d r_x, d r_y, d r_x^2, d r_x r_y, d r_y^2``). Apply with :func:`apply_point_stiffness`."""
     rx, ry, rz = offset
@@ -77,7 +77,7 @@ def point_stiffness_features(model: Model, offset: Comps, k_tangent: torch.Tenso
     dx, dy = dk * rx, dk * ry
     feats = (kt, kx, ky, kz, ky * ry + kz * rz, kx * rx + kz * rz, kx * rx + ky * ry, -kx * ry, -kx * rz, -ky * rz,
              dk, dx, dy, dx * rx, dx * ry, dy * ry)  # fmt: skip
-    return scatter_sum(model, feats, model.contact_point_body, model.num_bodies)
+    return scatter_sum(feats, model.contact_point_body, model.num_bodies)
 
 
 def apply_point_stiffness(feat: Comps, motion: Comps) -> Comps:
@@ -93,5 +93,5 @@ def apply_point_stiffness(feat: Comps, motion: Comps) -> Comps:
 def contact_force_per_body(model: Model, force: torch.Tensor) -> torch.Tensor:
     """``[W, B, 3]`` N: total contact force on each link from per-point forces ``[W, C, 3]`` (world), e.g.
     ``torch.cat([result.contact_friction_force, result.contact_normal_force[..., None]], -1)``."""
-    comps = force.permute(2, 0, 1).contiguous().unbind(0)
-    return rows(scatter_sum(model, comps, model.contact_point_body, model.num_bodies))
+    comps = force.permute(2, 1, 0).contiguous().unbind(0)
+    return rows(scatter_sum(comps, model.contact_point_body, model.num_bodies))

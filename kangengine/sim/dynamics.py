@@ -45,13 +45,13 @@ def cross_force(v: Comps, f: Comps) -> Comps:
 
 
 def body_com(model: Model, fr: Frames) -> Comps:
-    """3 x ``[W, B]`` m: body centres of mass relative to the reference origin, world axes."""
+    """3 x ``[B, W]`` m: body centres of mass relative to the reference origin, world axes."""
     rc = rotate(fr.body_rot, model.body_com_t)
     return tuple(p - o + c for p, o, c in zip(fr.body_pos, fr.origin, rc))
 
 
 def spatial_inertias(model: Model, fr: Frames) -> Comps:
-    """10 x ``[W, B]``: spatial inertia of every body about the reference origin, world axes, as
+    """10 x ``[B, W]``: spatial inertia of every body about the reference origin, world axes, as
     ``(m, m c_x, m c_y, m c_z, I_xx, I_yy, I_zz, I_xy, I_xz, I_yz)`` (``c``: centre of mass relative to the
     origin; ``I``: rotational inertia about the origin)."""
     r = fr.body_rot
@@ -67,7 +67,7 @@ def spatial_inertias(model: Model, fr: Frames) -> Comps:
     def world(a, b):  # (R I R^T)[a, b]
         return ri[a][0] * r[3 * b] + ri[a][1] * r[3 * b + 1] + ri[a][2] * r[3 * b + 2]
 
-    m = model.body_mass
+    m = model.body_mass_c
     cx, cy, cz = body_com(model, fr)
     mx, my, mz = m * cx, m * cy, m * cz
     return (
@@ -100,37 +100,38 @@ def apply_inertia(feat: Comps, motion: Comps) -> Comps:
 
 
 def composite(model: Model, c: Comps) -> Comps:
-    """Sums over each body's subtree, gathered per DOF: k x ``[W, B]`` -> k x ``[W, nv]``."""
-    return gather(tree_product(c, model.subtree_t), model.dof_body)
+    """Sums over each body's subtree, gathered per DOF: k x ``[B, W]`` -> k x ``[nv, W]``."""
+    return gather(tree_product(c, model.subtree), model.dof_body)
 
 
 def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
     """The composite-rigid-body assembly ``H[i, j] = s_i . (Xc_body(j) s_j)`` for DOF pairs on one branch.
 
     Args:
-        applied: 6 x ``[W, nv]``: the subtree-composite operator of each DOF's body applied to the DOF's
+        applied: 6 x ``[nv, W]``: the subtree-composite operator of each DOF's body applied to the DOF's
             motion (``Xc_body(j) s_j``).
         motion_rows: ``[W, nv, 6]`` DOF motions ``s``.
     Returns:
         ``[W, nv, nv]`` symmetric.
     """
-    raw = torch.bmm(motion_rows, torch.stack(applied, dim=1))  # raw[i, j] = s_i . Xc(body j) s_j
+    f = torch.stack(applied).permute(2, 0, 1).contiguous()  # [W, 6, nv]
+    raw = torch.bmm(motion_rows, f)  # raw[i, j] = s_i . Xc(body j) s_j
     return raw * model.dof_above + (raw * model.dof_above_strict).transpose(-1, -2)
 
 
 def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
-    """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[W, B]``: moment
+    """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[B, W]``: moment
     about the reference origin, force; world axes)."""
     sub = composite(model, body_force)
     out = motion[0] * sub[0]
     for s, f in zip(motion[1:], sub[1:]):
         out = out + s * f
-    return out
+    return out.t()
 
 
 def gravity_forces(model: Model, inertia: Comps) -> Comps:
-    """6 x ``[W, B]`` spatial gravity force on every body (off where ``body_gravity`` is 0)."""
-    scale = model.body_gravity
+    """6 x ``[B, W]`` spatial gravity force on every body (off where ``body_gravity`` is 0)."""
+    scale = model.body_gravity_c
     m = inertia[0] * scale
     h = tuple(x * scale for x in inertia[1:4])
     g = model.gravity_t
@@ -146,13 +147,15 @@ def _rnea(
     model: Model, fr: Frames, inertia: Comps, qd: torch.Tensor, qdd: torch.Tensor | None, gravity: bool = True
 ) -> torch.Tensor:
     s = fr.motion
-    sv = tuple(c * qd for c in s)
-    vel = tree_product(sv, model.moves_t)  # 6 x [W, B]
-    frame_vel = tree_product(sv, model.frame_t)  # 6 x [W, nv]
+    qd_t = qd.t().contiguous()
+    sv = tuple(c * qd_t for c in s)
+    vel = tree_product(sv, model.dof_moves_body)  # 6 x [B, W]
+    frame_vel = tree_product(sv, model.dof_frame)  # 6 x [nv, W]
     acc_terms = cross_motion(frame_vel, sv)
     if qdd is not None:
-        acc_terms = tuple(a + c * qdd for a, c in zip(acc_terms, s))
-    acc = tree_product(acc_terms, model.moves_t)
+        qdd_t = qdd.t().contiguous()
+        acc_terms = tuple(a + c * qdd_t for a, c in zip(acc_terms, s))
+    acc = tree_product(acc_terms, model.dof_moves_body)
     f = tuple(a + b for a, b in zip(apply_inertia(inertia, acc), cross_force(vel, apply_inertia(inertia, vel))))
     if gravity:
         f = tuple(a - g for a, g in zip(f, gravity_forces(model, inertia)))
@@ -236,7 +239,7 @@ def kinetic_energy(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Ten
     q2, lead = _flat(model, q, model.nq, "q")
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    vel = body_twists(model, fr.motion, qd2)
+    vel = body_twists(model, fr.motion, qd2.t().contiguous())
     e = 0.5 * (rows(vel) * rows(apply_inertia(spatial_inertias(model, fr), vel))).sum((-1, -2))
     e = e + 0.5 * (model.armature * qd2 * qd2).sum(-1)
     return e.reshape(lead)
@@ -247,8 +250,8 @@ def potential_energy(model: Model, q: torch.Tensor) -> torch.Tensor:
     q2, lead = _flat(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
     c = tuple(x + o for x, o in zip(body_com(model, fr), fr.origin))
-    mg = model.body_mass * model.body_gravity
-    e = -(mg * (c[0] * model.gravity_t[0] + c[1] * model.gravity_t[1] + c[2] * model.gravity_t[2])).sum(-1)
+    mg = model.body_mass_c * model.body_gravity_c
+    e = -(mg * (c[0] * model.gravity_t[0] + c[1] * model.gravity_t[1] + c[2] * model.gravity_t[2])).sum(0)
     return e.reshape(lead)
 
 
@@ -258,7 +261,7 @@ def momentum(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
     q2, lead = _flat(model, q, model.nq, "q")
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    vel = body_twists(model, fr.motion, qd2)
+    vel = body_twists(model, fr.motion, qd2.t().contiguous())
     h = rows(apply_inertia(spatial_inertias(model, fr), vel)).sum(1)  # about the reference origin
     o = rows(fr.origin)[:, 0]
     ang = h[:, :3] + torch.linalg.cross(o, h[:, 3:])

@@ -108,7 +108,7 @@ class Simulator:
         self._has_contact = c.enabled and m.num_contact_points > 0
         # a point this close to the ground may touch it within one step under gravity alone
         self._reach = h * h * float(torch.linalg.vector_norm(m.gravity)) + 1e-4
-        mu = m.contact_friction
+        mu = m.contact_friction[:, None]  # [C, 1]: contact quantities are [C, W]
         self._c_mu0 = mu + c.stiction_extra
         self._c_ratio = torch.where(self._c_mu0 > 0, mu / torch.clamp(self._c_mu0, min=1e-30), torch.ones_like(mu))
         self._c_stribeck = c.stribeck_vel if c.stribeck_vel > 0 else 0.0
@@ -170,7 +170,7 @@ class Simulator:
         if self._has_contact:
             geo = contact_geometry(m, fr)
             offset, depth0 = geo.offset, geo.depth
-            u = point_velocities(m, body_twists(m, s, v), offset)  # linear in v: updated, not recomputed
+            u = point_velocities(m, body_twists(m, s, v.t().contiguous()), offset)  # linear in v: updated below
 
         for _ in range(self.iterations):
             grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
@@ -187,7 +187,7 @@ class Simulator:
             chol, _ = torch.linalg.cholesky_ex(hess)
             dv = -torch.cholesky_solve(grad[..., None], chol)[..., 0]
             mdv = torch.matmul(mass, dv[..., None])[..., 0]
-            du = point_velocities(m, body_twists(m, s, dv), offset) if self._has_contact else None
+            du = point_velocities(m, body_twists(m, s, dv.t().contiguous()), offset) if self._has_contact else None
             if self._line_search:
                 alpha = self._step_length(
                     v,
@@ -203,13 +203,14 @@ class Simulator:
                     du,
                     depth0 if self._has_contact else None,
                     cterms,
-                )[:, None]
+                )
+                a_v, a_u = alpha[:, None], alpha[None, :]
             else:
-                alpha = 1.0
-            v = v + alpha * dv
-            mvq = mvq + alpha * mdv
+                a_v = a_u = 1.0
+            v = v + a_v * dv
+            mvq = mvq + a_v * mdv
             if self._has_contact:
-                u = tuple(a + alpha * b for a, b in zip(u, du))
+                u = tuple(a + a_u * b for a, b in zip(u, du))
 
         # -- report and advance ---------------------------------------------------------------------------
         drive_a, drive_b, effort = drive[0], drive[1], drive[2]
@@ -224,7 +225,8 @@ class Simulator:
             lam = torch.clamp(cp.stiffness * depth - cp.damping * uz, min=0.0) * act
             slip = torch.sqrt(ux * ux + uy * uy)
             fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * self._c_mu0 * lam
-            normal, friction, cdepth = lam, torch.stack([-fw * ux, -fw * uy], -1), depth
+            normal, cdepth = lam.t(), depth.t()
+            friction = torch.stack([-fw * ux, -fw * uy], -1).transpose(0, 1)
             cpos = rows(geo.position)
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
@@ -366,7 +368,7 @@ class Simulator:
                 slip = torch.sqrt(ux * ux + uy * uy)
                 return e + h * mu_lam * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
 
-            de = de + (energy(*(a + b for a, b in zip(u, du))) - energy(*u)).sum(-1)
+            de = de + (energy(*(a + b for a, b in zip(u, du))) - energy(*u)).sum(0)
         slope = (grad * dv).sum(-1)  # < 0: dv is a descent direction (H is positive definite)
         curv = de - slope
         backtrack = torch.clamp(-slope / torch.clamp(2.0 * curv, min=1e-30), min=0.05, max=1.0)

@@ -9,9 +9,10 @@ velocity of the material point at the *reference point* (the root body origin at
 with the DOF. Public results use the link origin instead (MuJoCo's ``mj_jacBody`` convention) and order
 ``(linear, angular)``.
 
-Internal layout ("structure of arrays"): a vector quantity over worlds and bodies (or DOFs, or contact
-points) is a tuple of its components, each a contiguous ``[W, n]`` tensor, so element-wise maths runs on
-contiguous memory and sums over the tree are single matrix products ``[k W, n] @ [n, m]``.
+Internal layout ("structure of arrays", worlds innermost, like the FK's columns): a vector quantity over
+bodies (or DOFs, or contact points) and worlds is a tuple of its components, each a contiguous ``[n, W]``
+tensor, so element-wise maths runs on contiguous memory, picking entities is a row copy, and sums over
+the tree are matrix products ``[m, n] @ [n, W]``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .model import Model
 
 __all__ = ["LinkVelocities", "link_jacobians", "link_velocities", "link_transforms"]
 
-Comps = tuple  # tuple of [W, n] tensors
+Comps = tuple  # tuple of [n, W] tensors
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,13 +34,13 @@ class Frames:
     """Positions and DOF motions of ``W`` worlds at one configuration (what dynamics and contact use).
 
     Attributes:
-        origin: 3 x ``[W, 1]`` m, world position of the reference point (root body origin).
-        body_pos: 3 x ``[W, B]`` m, link origins in world.
-        body_rot: 9 x ``[W, B]``, rotation matrices ``world_from_body`` (row-major).
+        origin: 3 x ``[1, W]`` m, world position of the reference point (root body origin).
+        body_pos: 3 x ``[B, W]`` m, link origins in world.
+        body_rot: 9 x ``[B, W]``, rotation matrices ``world_from_body`` (row-major).
         body_quat: ``[W, B, 4]`` WXYZ ``world_from_body``.
-        motion: 6 x ``[W, nv]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
+        motion: 6 x ``[nv, W]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
             DOF rate, world axes.
-        motion_rows: ``[W, nv, 6]`` the same, DOF-major (for the joint-space products).
+        motion_rows: ``[W, nv, 6]`` the same, world-major (for the joint-space products).
     """
 
     origin: Comps
@@ -73,32 +74,33 @@ def cross(a: Comps, b: Comps) -> Comps:
 
 
 def soa(x: torch.Tensor) -> Comps:
-    """``[W, n, k]`` -> k x ``[W, n]`` contiguous."""
-    return x.permute(2, 0, 1).contiguous().unbind(0)
+    """``[W, n, k]`` -> k x ``[n, W]`` contiguous."""
+    return x.permute(2, 1, 0).contiguous().unbind(0)
 
 
 def rows(c: Comps) -> torch.Tensor:
-    """k x ``[W, n]`` -> ``[W, n, k]``."""
-    return torch.stack(c, dim=-1)
+    """k x ``[n, W]`` -> ``[W, n, k]`` (a view of one stacked copy)."""
+    return torch.stack(c, dim=-1).transpose(0, 1)
 
 
-def tree_product(c: Comps, mat_t: torch.Tensor) -> Comps:
-    """``sum_j x[..., j] mat[i, j]`` for every component: k x ``[W, n]`` and ``mat_t = mat.T [n, m]``."""
-    x = torch.stack(c)
-    k, w, n = x.shape
-    return (x.view(k * w, n) @ mat_t).view(k, w, -1).unbind(0)
+def tree_product(c: Comps, mat: torch.Tensor) -> Comps:
+    """``sum_j mat[i, j] x[j]`` for every component: k x ``[n, W]`` and ``mat [m, n]`` -> k x ``[m, W]``
+    (one matrix product ``[m, n] @ [n, k W]``)."""
+    x = torch.stack(c, dim=1)
+    n, k, w = x.shape
+    return (mat @ x.view(n, k * w)).view(-1, k, w).unbind(1)
 
 
 def gather(c: Comps, index: torch.Tensor) -> Comps:
-    """Select entries ``index`` along the last axis of every component (one indexing op)."""
-    return torch.stack(c).index_select(2, index).unbind(0)
+    """Rows ``index`` of every component (one indexing op): k x ``[n, W]`` -> k x ``[len(index), W]``."""
+    return torch.stack(c, dim=1).index_select(0, index).unbind(1)
 
 
-def scatter_sum(model: Model, c: Comps, index: torch.Tensor, size: int) -> Comps:
-    """Sum entries of every component into ``size`` slots by ``index`` (last axis)."""
-    x = torch.stack(c)
-    out = torch.zeros(x.shape[0], x.shape[1], size, dtype=x.dtype, device=x.device)
-    return out.index_add_(2, index, x).unbind(0)
+def scatter_sum(c: Comps, index: torch.Tensor, size: int) -> Comps:
+    """Sum rows of every component into ``size`` rows by ``index``: k x ``[n, W]`` -> k x ``[size, W]``."""
+    x = torch.stack(c, dim=1)
+    out = torch.zeros(size, x.shape[1], x.shape[2], dtype=x.dtype, device=x.device)
+    return out.index_add_(0, index, x).unbind(1)
 
 
 def _flat(model: Model, x, n: int, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -140,23 +142,22 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     jf = model.layout.kinematics.joint_frames(q)
     body_quat = jf.body_rotations_wxyz
     bp = soa(jf.body_positions)
-    origin = tuple(c[:, :1] for c in bp)
+    origin = tuple(c[:1] for c in bp)
     rot = _quat_matrix(*soa(body_quat))
     axes = soa(jf.dof_axes)
     anchor = gather(soa(jf.joint_positions), model.dof_step)
     ja = tuple(a - o for a, o in zip(anchor, origin))
-    ang = tuple(c * model.dof_is_angular for c in axes)
-    lin = tuple(c * model.dof_is_linear + x for c, x in zip(axes, cross(ja, ang)))
+    ang = tuple(c * model.dof_is_angular_c for c in axes)
+    lin = tuple(c * model.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
     motion = ang + lin
-    return Frames(
-        origin=origin, body_pos=bp, body_rot=rot, body_quat=body_quat, motion=motion, motion_rows=rows(motion)
-    )
+    motion_rows = torch.stack(motion, dim=-1).permute(1, 0, 2).contiguous()
+    return Frames(origin=origin, body_pos=bp, body_rot=rot, body_quat=body_quat, motion=motion, motion_rows=motion_rows)
 
 
-def body_twists(model: Model, motion: Comps, qd: torch.Tensor) -> Comps:
-    """6 x ``[W, B]`` spatial velocities (angular, velocity of the point at the reference origin) of every
-    body for generalized velocities ``qd [W, nv]``."""
-    return tree_product(tuple(s * qd for s in motion), model.moves_t)
+def body_twists(model: Model, motion: Comps, qd_t: torch.Tensor) -> Comps:
+    """6 x ``[B, W]`` spatial velocities (angular, velocity of the point at the reference origin) of every
+    body for generalized velocities ``qd_t [nv, W]`` (DOF-major)."""
+    return tree_product(tuple(s * qd_t for s in motion), model.dof_moves_body)
 
 
 def link_transforms(model: Model, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +208,7 @@ def link_velocities(model: Model, q: torch.Tensor, qd: torch.Tensor) -> LinkVelo
     q2, lead = _flat(model, q, model.nq, "q")
     qd2, _ = _flat(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    tw = body_twists(model, fr.motion, qd2)
+    tw = body_twists(model, fr.motion, qd2.t().contiguous())
     ang = tw[:3]
     r = tuple(p - o for p, o in zip(fr.body_pos, fr.origin))
     lin = tuple(v + c for v, c in zip(tw[3:], cross(ang, r)))

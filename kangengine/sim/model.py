@@ -96,7 +96,8 @@ class Model:
         body_mass ``[B]`` kg; body_com ``[B, 3]`` m (body frame); body_inertia ``[B, 3, 3]`` kg m^2 about
         the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off;
         gravity ``[3]`` m/s^2 (world); gravity_t, body_com_t, body_inertia_t: the same as per-component
-        tuples (floats; ``[B]`` tensors; xx, xy, xz, yy, yz, zz) for the component-wise maths.
+        tuples (floats; ``[B, 1]`` columns; xx, xy, xz, yy, yz, zz) for the component-wise maths, and
+        ``*_c`` fields: ``[n, 1]`` column copies of per-entity constants.
     DOFs:
         dof_body ``[nv]`` body each DOF moves; dof_step ``[nv]`` its joint step; dof_angular_axis and
         dof_linear_axis ``[nv, 3]``: the DOF's unit motion in its joint frame (hinge: angular = axis;
@@ -142,6 +143,11 @@ class Model:
     dof_linear_axis: torch.Tensor
     dof_is_angular: torch.Tensor
     dof_is_linear: torch.Tensor
+    dof_is_angular_c: torch.Tensor
+    dof_is_linear_c: torch.Tensor
+    body_mass_c: torch.Tensor
+    body_gravity_c: torch.Tensor
+    contact_radius_c: torch.Tensor
     armature: torch.Tensor
     damping: torch.Tensor
     friction_coulomb: torch.Tensor
@@ -416,14 +422,21 @@ class Model:
             body_gravity=t(grav_mask),
             gravity=t(g),
             gravity_t=tuple(float(x) for x in g),
-            body_com_t=tuple(t(com[:, k]) for k in range(3)),
-            body_inertia_t=tuple(t(inertia[:, a, b]) for a, b in ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))),
+            body_com_t=tuple(t(com[:, k : k + 1]) for k in range(3)),
+            body_inertia_t=tuple(
+                t(inertia[:, a, b][:, None]) for a, b in ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
+            ),
             dof_body=ti(dof_body),
             dof_step=ti(dof_step),
             dof_angular_axis=t(ang),
             dof_linear_axis=t(lin),
             dof_is_angular=t(np.abs(ang).sum(1) > 0),
             dof_is_linear=t(np.abs(lin).sum(1) > 0),
+            dof_is_angular_c=t(np.abs(ang).sum(1, keepdims=True) > 0),
+            dof_is_linear_c=t(np.abs(lin).sum(1, keepdims=True) > 0),
+            body_mass_c=t(mass[:, None]),
+            body_gravity_c=t(grav_mask[:, None]),
+            contact_radius_c=t(cdata["radius"][:, None]),
             armature=t(arm),
             damping=t(damp),
             friction_coulomb=t(fric),
@@ -457,7 +470,7 @@ class Model:
             rot_v=ti(ix["rot_v"]),
             contact_point_body=ti(cdata["point_body"]),
             contact_point_local=t(cdata["local"]).reshape(-1, 3),
-            contact_point_local_t=tuple(t(cdata["local"][:, k]) for k in range(3)),
+            contact_point_local_t=tuple(t(cdata["local"][:, k : k + 1]) for k in range(3)),
             contact_radius=t(cdata["radius"]),
             contact_friction=t(cdata["friction"]),
             contact_point_geom=cdata["point_geom"],
