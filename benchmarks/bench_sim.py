@@ -88,21 +88,30 @@ def main():
     torch.set_flush_denormal(True)
     path = DATA / "mjcf/mujoco/humanoid.xml"
     desc = ke.asset.MJCFLoader.load(path)
-    model = ke.sim.Model.from_desc(desc, dtype=getattr(torch, args.dtype), drive_stiffness=KP, drive_damping=KD,
-                                   effort_limit=float("inf"))
+    model = ke.sim.Model.from_desc(
+        desc, dtype=getattr(torch, args.dtype), drive_stiffness=KP, drive_damping=KD, effort_limit=float("inf")
+    )
     mj_rate, mj_z = mujoco_rate(path, None, args.seconds)
     mj60_rate, mj60_z = mujoco_rate(path, DT, args.seconds)
     print(f"MuJoCo humanoid standing under PD (kp {KP:g}, kd {KD:g}), ground contact, {desc.name}")
-    print(f"  mujoco.rollout 1 thread, dt 5 ms   : {mj_rate:12,.0f} steps/s  ({mj_rate * 0.005:7.1f} sim-s/s, "
-          f"torso z {mj_z:.2f} m after 1 s)")
-    print(f"  mujoco.rollout 1 thread, dt 1/60 s : {mj60_rate:12,.0f} steps/s  ({mj60_rate * DT:7.1f} sim-s/s, "
-          f"torso z {mj60_z:.2f} m after 1 s)")
-    print(f"  kangengine, dt 1/60 s, {args.iterations} Newton iterations, {args.dtype}, {args.threads} threads"
-          f"{', torch.compile' if args.compile else ''}:")
+    print(
+        f"  mujoco.rollout 1 thread, dt 5 ms   : {mj_rate:12,.0f} steps/s  ({mj_rate * 0.005:7.1f} sim-s/s, "
+        f"torso z {mj_z:.2f} m after 1 s)"
+    )
+    print(
+        f"  mujoco.rollout 1 thread, dt 1/60 s : {mj60_rate:12,.0f} steps/s  ({mj60_rate * DT:7.1f} sim-s/s, "
+        f"torso z {mj60_z:.2f} m after 1 s)"
+    )
+    print(
+        f"  kangengine, dt 1/60 s, {args.iterations} Newton iterations, {args.dtype}, {args.threads} threads"
+        f"{', torch.compile' if args.compile else ''}:"
+    )
     for n in (int(x) for x in args.worlds.split(",")):
         rate, z = ours_rate(model, n, args.seconds, args.iterations, args.compile)
-        print(f"    {n:5d} worlds : {rate:12,.0f} env-steps/s  ratio {rate / mj_rate:6.2f}x per step, "
-              f"{rate * DT / (mj_rate * 0.005):6.2f}x per simulated second  (min torso z {z:.2f} m)")
+        print(
+            f"    {n:5d} worlds : {rate:12,.0f} env-steps/s  ratio {rate / mj_rate:6.2f}x per step, "
+            f"{rate * DT / (mj_rate * 0.005):6.2f}x per simulated second  (min torso z {z:.2f} m)"
+        )
 
 
 if __name__ == "__main__":

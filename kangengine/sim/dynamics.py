@@ -119,6 +119,19 @@ def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor)
     return raw * model.dof_above + (raw * model.dof_above_strict).transpose(-1, -2)
 
 
+def joint_space_lower(model: Model, applied: Comps, motion_cols: torch.Tensor) -> torch.Tensor:
+    """Like :func:`joint_space_product` but only the lower triangle is right (the upper is partly zero):
+    enough for a Cholesky factorisation, which reads the lower triangle only, and one transpose cheaper.
+    Relies on the parent-first DOF order (an ancestor's DOFs come first).
+
+    Args:
+        applied: 6 x ``[nv, W]`` as for :func:`joint_space_product`.
+        motion_cols: ``[W, 6, nv]`` DOF motions.
+    """
+    f = torch.stack(applied, dim=-1).transpose(0, 1).contiguous()  # [W, nv, 6]
+    return torch.bmm(f, motion_cols) * model.dof_below  # [i, j] = s_j . Xc(body i) s_i, body(j) above body(i)
+
+
 def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
     """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[B, W]``: moment
     about the reference origin, force; world axes)."""

@@ -41,7 +41,7 @@ from .control import (
     integrate,
     tangent_difference,
 )
-from .dynamics import _mass_matrix, _rnea, composite, generalized_forces, joint_space_product, spatial_inertias
+from .dynamics import _mass_matrix, _rnea, composite, generalized_forces, joint_space_lower, spatial_inertias
 from .kinematics import body_twists, compute_frames, rows
 from .model import Model, State
 
@@ -180,7 +180,8 @@ class Simulator:
             if self._has_contact:
                 cg, feats, cterms = self._contact_terms(u, depth0, offset)
                 grad = grad - h * generalized_forces(m, s, cg)
-                hess = hess + joint_space_product(m, apply_point_stiffness(composite(m, feats), s), fr.motion_rows)
+                # lower triangle only: the Cholesky factorisation below reads nothing else
+                hess = hess + joint_space_lower(m, apply_point_stiffness(composite(m, feats), s), fr.motion_cols)
             if pinned is not None:
                 grad = grad * free
                 hess = hess * free[:, :, None] * free[:, None, :] + pin_eye

@@ -41,6 +41,7 @@ class Frames:
         motion: 6 x ``[nv, W]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
             DOF rate, world axes.
         motion_rows: ``[W, nv, 6]`` the same, world-major (for the joint-space products).
+        motion_cols: ``[W, 6, nv]`` its transpose (contiguous).
     """
 
     origin: Comps
@@ -49,6 +50,7 @@ class Frames:
     body_quat: torch.Tensor
     motion: Comps
     motion_rows: torch.Tensor
+    motion_cols: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,7 +153,15 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     lin = tuple(c * model.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
     motion = ang + lin
     motion_rows = torch.stack(motion, dim=-1).permute(1, 0, 2).contiguous()
-    return Frames(origin=origin, body_pos=bp, body_rot=rot, body_quat=body_quat, motion=motion, motion_rows=motion_rows)
+    return Frames(
+        origin=origin,
+        body_pos=bp,
+        body_rot=rot,
+        body_quat=body_quat,
+        motion=motion,
+        motion_rows=motion_rows,
+        motion_cols=motion_rows.transpose(1, 2).contiguous(),
+    )
 
 
 def body_twists(model: Model, motion: Comps, qd_t: torch.Tensor) -> Comps:

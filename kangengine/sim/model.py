@@ -168,6 +168,7 @@ class Model:
     subtree: torch.Tensor
     dof_above: torch.Tensor
     dof_above_strict: torch.Tensor
+    dof_below: torch.Tensor
     dof_coupled: torch.Tensor
     dof_frame: torch.Tensor
     moves_t: torch.Tensor
@@ -457,6 +458,7 @@ class Model:
             subtree=t(anc),
             dof_above=t(above),
             dof_above_strict=t(above & (dof_body[:, None] != dof_body[None, :])),
+            dof_below=t(above.T),
             dof_coupled=t(coupled),
             dof_frame=t(frame),
             moves_t=t(moves.T),
