@@ -398,3 +398,50 @@ def test_humanoid_stands_under_pd_for_10s():
     assert float(st.q[:, 2].min()) > 1.2  # torso still at standing height (1.282 modelled)
     np.testing.assert_allclose(res.contact_normal_force.sum(-1).numpy(), weight, rtol=0.02)
     assert float(res.contact_depth.max()) < 0.01
+
+
+def test_step_never_synchronises_and_keeps_shapes():
+    """No op in a step needs a value on the host (the ops behind .item(), bool(tensor), nonzero or
+    data-dependent shapes), so on CUDA a step never waits for the device and can be graph-captured;
+    output shapes depend on the number of worlds only."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    forbidden = {
+        aten._local_scalar_dense.default,
+        aten.nonzero.default,
+        aten.masked_select.default,
+        aten.is_nonzero.default,
+        aten.equal.default,
+        aten._unique2.default,
+        aten.unique_consecutive.default,
+    }
+
+    class NoHostSync(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            assert func not in forbidden, f"host synchronisation through {func}"
+            return func(*args, **(kwargs or {}))
+
+    model = _humanoid(torch.float32)
+    sim = Simulator(model, dt=1 / 60, check_inputs=False)
+    st = State.neutral(model, 3)
+    pinned = torch.zeros(3, model.nv, dtype=torch.bool)
+    pinned[0, 7] = True
+    ctrl = Control(
+        q_target=st.q.clone(),
+        qd_target=torch.zeros_like(st.qd),
+        tau_feedforward=torch.zeros_like(st.qd),
+        tau_external=torch.zeros_like(st.qd),
+        pinned=pinned,
+    )
+    with NoHostSync():
+        first = sim.step(st, ctrl)
+        second = sim.step(first.state, ctrl)
+    for a, b in (
+        (first.state.q, second.state.q),
+        (first.contact_normal_force, second.contact_normal_force),
+        (first.contact_friction_force, second.contact_friction_force),
+        (first.drive_force, second.drive_force),
+    ):
+        assert a.shape == b.shape and a.shape[0] == 3
+    assert first.contact_normal_force.shape == (3, model.num_contact_points)
