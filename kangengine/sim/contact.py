@@ -2,7 +2,8 @@
 point stiffnesses to the tree.
 
 Every supported geom is a set of contact spheres fixed to its link (sphere: its centre; capsule: its two
-end spheres, which is exact against a plane; box: its 8 corners; cylinder: 8 points on each rim). A
+end spheres, which is exact against a plane; box: its 8 corners; cylinder: 8 points on each rim;
+ellipsoid: its 6 axis ends and 8 diagonal surface points, approximate). A
 sphere of radius ``r`` centred at height ``z`` penetrates the ground ``z = ground_height`` by
 ``depth = r - (z - ground_height)``; its contact point is its lowest point. The number of points ``C`` is
 fixed per model, so shapes never change.

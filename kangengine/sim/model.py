@@ -54,8 +54,8 @@ class JointFriction:
 class ContactParams:
     """Ground contact (a plane ``z = ground_height``) of the collision geoms.
 
-    Each sphere, capsule end, box corner and cylinder rim point is a contact point with a compliant
-    normal penalty ``U = stiffness/2 * depth^2`` (``depth`` = penetration, m), normal damping
+    Each sphere, capsule end, box corner, cylinder rim point and ellipsoid surface point is a contact
+    point with a compliant normal penalty ``U = stiffness/2 * depth^2`` (``depth`` = penetration, m), normal damping
     ``damping * depth_rate`` while penetrating, and smoothed Coulomb friction whose potential is
     ``friction * normal_force * phi(|slip velocity|)`` with the same ``phi`` as joint friction.
 
@@ -623,6 +623,10 @@ def _geom_points(g) -> list[tuple[np.ndarray, float]] | None:
     if g.type is GeomType.CYLINDER:  # two rims of 8 points: exact flat on the ground, polygonal on its side
         ang = np.arange(8) * (np.pi / 4)
         return [(np.array([s[0] * np.cos(a), s[0] * np.sin(a), z * s[1]]), 0.0) for z in (-1, 1) for a in ang]
+    if g.type is GeomType.ELLIPSOID:  # 14 surface points: the 6 axis ends and 8 diagonal directions
+        dirs = [np.eye(3)[i] * sgn for i in range(3) for sgn in (-1, 1)]
+        dirs += [np.array([x, y, z]) for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)]
+        return [(d / np.sqrt(np.sum((d / s) ** 2)), 0.0) for d in dirs]
     return None
 
 
@@ -660,7 +664,7 @@ def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
     if skipped:
         warnings.warn(
             f"{desc.source or desc.name}: collision geoms of unsupported type are not simulated "
-            f"(sphere, capsule, box and cylinder are): {', '.join(skipped)}",
+            f"(sphere, capsule, box, cylinder and ellipsoid are): {', '.join(skipped)}",
             stacklevel=3,
         )
     bodies = sorted(per_body) if contact.enabled else []
