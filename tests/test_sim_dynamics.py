@@ -23,6 +23,7 @@ DYN_MODELS = [
     "mjcf/dm_control/humanoid_CMU.xml",
     "mjcf/unitree/g1_29dof.nomesh.xml",
     "mjcf/dm_control/model_with_ball_joints.xml",
+    "mjcf/dm_control/cartpole.xml",  # slide (prismatic) + hinge
 ]
 
 

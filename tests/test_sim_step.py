@@ -253,6 +253,7 @@ def test_effort_limit_clamps_and_reports(tmp_path):
     res = sim.step(st, Control(q_target=torch.full((1, 1), 0.4, dtype=torch.float64)))
     assert bool(res.drive_saturated[0, 0])
     np.testing.assert_allclose(res.drive_force[0, 0].item(), 3.0)
+    assert res.drive_force_requested[0, 0].item() > 300.0  # kp * 0.4 - (h kp + kd) v: far above the limit
     mass = ke.sim.mass_matrix(model, st.q)[0, 0, 0].item()
     np.testing.assert_allclose(res.state.qd[0, 0].item(), 3.0 / mass / 60, rtol=1e-3)  # not 400 / mass / 60
 

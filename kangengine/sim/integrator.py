@@ -59,6 +59,8 @@ class StepResult:
         contact_depth: ``[W, C]`` m, penetration at the end of the step (> 0 inside the ground).
         contact_position: ``[W, C, 3]`` m, contact points (world) at the start of the step.
         drive_force: ``[W, nv]`` generalized force the PD drives applied (after the effort clamp).
+        drive_force_requested: ``[W, nv]`` the force the drives asked for before the clamp (PD plus
+            feed-forward at the end-of-step state); above ``effort_limit`` where saturated.
         drive_saturated: ``[W, nv]`` bool, the drive hit its effort limit.
         nonfinite: ``[W]`` bool, worlds that became non-finite in this step (now frozen).
     """
@@ -69,6 +71,7 @@ class StepResult:
     contact_depth: torch.Tensor
     contact_position: torch.Tensor
     drive_force: torch.Tensor
+    drive_force_requested: torch.Tensor
     drive_saturated: torch.Tensor
     nonfinite: torch.Tensor
 
@@ -245,6 +248,7 @@ class Simulator:
             contact_depth=cdepth,
             contact_position=cpos,
             drive_force=tau,
+            drive_force_requested=x,
             drive_saturated=saturated,
             nonfinite=newly,
         )
