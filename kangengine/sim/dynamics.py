@@ -157,12 +157,20 @@ def _mass_matrix(model: Model, fr: Frames, inertia: Comps) -> torch.Tensor:
 
 
 def _rnea(
-    model: Model, fr: Frames, inertia: Comps, qd: torch.Tensor, qdd: torch.Tensor | None, gravity: bool = True
+    model: Model,
+    fr: Frames,
+    inertia: Comps,
+    qd: torch.Tensor,
+    qdd: torch.Tensor | None,
+    gravity: bool = True,
+    twists_out: list | None = None,
 ) -> torch.Tensor:
     s = fr.motion
     qd_t = qd.t().contiguous()
     sv = tuple(c * qd_t for c in s)
     vel = tree_product(sv, model.dof_moves_body)  # 6 x [B, W]
+    if twists_out is not None:
+        twists_out.append(vel)
     frame_vel = tree_product(sv, model.dof_frame)  # 6 x [nv, W]
     acc_terms = cross_motion(frame_vel, sv)
     if qdd is not None:

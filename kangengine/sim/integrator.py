@@ -156,7 +156,8 @@ class Simulator:
         fr = compute_frames(m, q)
         inertia = spatial_inertias(m, fr)
         mass = _mass_matrix(m, fr, inertia)
-        force = -_rnea(m, fr, inertia, qd, None)  # generalized force at zero acceleration
+        twists = []
+        force = -_rnea(m, fr, inertia, qd, None, twists_out=twists)  # generalized force at zero acceleration
         if control.tau_external is not None:
             force = force + control.tau_external
         s = fr.motion
@@ -169,11 +170,13 @@ class Simulator:
             v = torch.where(pinned, pv, qd)
             free = (~pinned).to(m.dtype)
             pin_eye = torch.diag_embed(pinned.to(m.dtype))
-        mvq = torch.matmul(mass, (v - qd)[..., None])[..., 0]  # M (v - qd), kept up to date below
         if self._has_contact:
             geo = contact_geometry(m, fr)
             offset, depth0 = geo.offset, geo.depth
-            u = point_velocities(m, body_twists(m, s, v.t().contiguous()), offset)  # linear in v: updated below
+            tw = twists[0] if pinned is None else body_twists(m, s, v.t().contiguous())
+            u = point_velocities(m, tw, offset)  # linear in v: updated below, never recomputed
+        # M (v - qd), kept up to date below
+        mvq = torch.zeros_like(qd) if pinned is None else torch.matmul(mass, (v - qd)[..., None])[..., 0]
 
         for _ in range(self.iterations):
             grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
