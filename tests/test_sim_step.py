@@ -478,3 +478,40 @@ def test_pd_on_ball_joint_and_free_root_reaches_target_rotation(tmp_path):
         st = sim.step(st, ctrl).state
     err = model.layout.difference(st.q, target)
     assert float(err.abs().max()) < 1e-4, err
+
+
+COUPLED = """<mujoco><compiler angle="radian"/><option gravity="0 0 0"/><worldbody><body name="a" pos="0 0 1">
+<joint name="j1" type="hinge" axis="0 1 0"/><geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.03" mass="1"
+ contype="0" conaffinity="0"/>
+<body name="b" pos="0.4 0 0"><joint name="j2" type="hinge" axis="0 1 0"/>
+<geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.03" mass="1" contype="0" conaffinity="0"/>
+<body name="c" pos="0.4 0 0"><joint name="j3" type="hinge" axis="0 1 0"/>
+<geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.03" mass="0.5" contype="0" conaffinity="0"/></body>
+</body></body></worldbody>
+<tendon><fixed name="t12" limited="true" range="-0.5 0.4"><joint joint="j1" coef="1"/><joint joint="j2" coef="1"/>
+</fixed></tendon>
+<equality><joint joint1="j3" joint2="j1" polycoef="0.1 -2 0 0 0"/></equality></mujoco>"""
+
+
+def test_fixed_tendon_limit_and_mimic_joint(tmp_path):
+    """A fixed tendon leaving its range is pushed back like a joint limit (static balance: violation =
+    torque / stiffness); a mimic joint follows multiplier * leader + offset (MJCF joint equality)."""
+    desc = MJCFLoader.load(_write(tmp_path, "coupled.xml", COUPLED))
+    k = 500.0
+    model = _model(
+        desc,
+        free_root=False,
+        tendon_limit_stiffness=k,
+        tendon_limit_damping=2.0,
+        joint_damping=1.0,
+        mimic_stiffness=2e4,
+    )
+    assert model.coupling_names == ("t12", "mimic j3")
+    sim = Simulator(model, dt=1 / 60)
+    st = State.from_q(model, np.zeros((1, 3)))
+    tau = torch.tensor([[3.0, 3.0, 0.0]], dtype=torch.float64)
+    for _ in range(400):
+        st = sim.step(st, Control(tau_external=tau)).state
+    q = st.q[0].numpy()
+    np.testing.assert_allclose(q[0] + q[1], 0.4 + 3.0 / k, rtol=1e-6)  # tendon length beyond its upper end
+    np.testing.assert_allclose(q[2], 0.1 - 2.0 * q[0], atol=2e-4)  # mimic: j3 = -2 j1 + 0.1

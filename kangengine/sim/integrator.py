@@ -123,6 +123,9 @@ class Simulator:
         self._has_limits = bool((m.limit_stiffness > 0).any() or (m.limit_damping > 0).any())
         self._has_springs = bool((m.spring_stiffness > 0).any())
         self._has_damping = bool((m.damping > 0).any())
+        self._has_couplings = m.coupling_matrix is not None and m.coupling_matrix.shape[0] > 0
+        if self._has_couplings:
+            self._coupling_t = m.coupling_matrix.t().contiguous()  # [nv, R]
         # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
         self._diag_const = h * m.damping + h * h * m.spring_stiffness
         self._scalar = m.scalar_dof.to(m.dtype)
@@ -182,6 +185,11 @@ class Simulator:
             grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
             grad = grad + mvq - h * force
             hess = mass + torch.diag_embed(hdiag)
+            coup_active = None
+            if self._has_couplings:
+                cgrad, chess, coup_active = self._coupling_terms(v, qs)
+                grad = grad + cgrad
+                hess = hess + chess
             cterms = None
             if self._has_contact:
                 cg, feats, cterms = self._contact_terms(u, depth0, offset)
@@ -205,7 +213,7 @@ class Simulator:
                     force,
                     qs,
                     drive,
-                    lim_active,
+                    (lim_active, coup_active),
                     u if self._has_contact else None,
                     du,
                     depth0 if self._has_contact else None,
@@ -311,6 +319,20 @@ class Simulator:
         hdiag = hdiag + h * b * torch.clamp(effort / torch.clamp(ax, min=1e-30), max=1.0)
         return grad, hdiag, lim_active
 
+    def _coupling_terms(self, v, qs):
+        """Gradient, (dense, rank-R) Hessian and activity of the joint-space coupling rows at ``v``."""
+        m, h = self.model, self.dt
+        ln = (qs + h * v) @ self._coupling_t  # [W, R] values at the end of the step
+        rate = v @ self._coupling_t
+        over = torch.clamp(ln - m.coupling_upper, min=0.0)
+        under = torch.clamp(m.coupling_lower - ln, min=0.0)
+        act = ((over > 0) | (under > 0)).to(m.dtype)
+        force = h * (m.coupling_stiffness * (over - under) + m.coupling_damping * act * rate)
+        grad = force @ m.coupling_matrix
+        weight = (h * h * m.coupling_stiffness + h * m.coupling_damping) * act  # [W, R]
+        hess = torch.matmul(self._coupling_t * weight[:, None, :], m.coupling_matrix)
+        return grad, hess, act
+
     def _contact_terms(self, u, depth0, offset):
         """Contact forces at the current iterate (as body forces) and the stiffness features of the
         Newton model, plus the lagged quantities the line search keeps fixed."""
@@ -329,7 +351,7 @@ class Simulator:
         feats = point_stiffness_features(m, offset, h * fw, kn)
         return point_forces_to_bodies(m, offset, (-fw * ux, -fw * uy, fz)), feats, (act, mu_lam)
 
-    def _joint_energy(self, v, qs, drive, lim_active):
+    def _joint_energy(self, v, qs, drive, active):
         """Per-DOF energy of the joint-space terms for velocities ``v [W, A, nv]`` (lagged limit damping)."""
         m, h = self.model, self.dt
         e = torch.zeros_like(v)
@@ -342,19 +364,28 @@ class Simulator:
             sp = self._joint_speed(v.reshape(-1, m.nv)).reshape(v.shape)
             ej = h * self._j_mu0 * friction_phi(sp, m.friction_falloff, self._j_ratio, self._j_stribeck)
             e = e + (ej / self._group_size if self._group is not None else ej)
+        lim_active, coup_active = active
         if self._has_limits:
             qn = qs[:, None] + h * v
             over = torch.clamp(qn - m.upper, min=0.0)
             under = torch.clamp(m.lower - qn, min=0.0)
             e = e + 0.5 * m.limit_stiffness * (over * over + under * under)
             e = e + 0.5 * h * m.limit_damping * lim_active[:, None] * v * v
+        if self._has_couplings:  # added to the first DOF's entry: only sums over DOFs are used
+            ln = (qs[:, None] + h * v) @ self._coupling_t  # [W, A, R]
+            rate = v @ self._coupling_t
+            over = torch.clamp(ln - m.coupling_upper, min=0.0)
+            under = torch.clamp(m.coupling_lower - ln, min=0.0)
+            ec = 0.5 * m.coupling_stiffness * (over * over + under * under)
+            ec = ec + 0.5 * h * m.coupling_damping * coup_active[:, None] * rate * rate
+            e = torch.cat([e[..., :1] + ec.sum(-1, keepdim=True), e[..., 1:]], dim=-1)
         a, b, effort = (x[:, None] for x in drive)
         # drive: h/b huber(a - b v); with b = 0 the constant force clamp(a)
         hub = huber(a - b * v, effort) * (h / torch.clamp(b, min=1e-30))
         const = -h * torch.maximum(torch.minimum(a, effort), -effort) * v
         return e + torch.where(b > 0, hub, const)
 
-    def _step_length(self, v, dv, grad, mvq, mdv, force, qs, drive, lim_active, u, du, depth0, cterms):
+    def _step_length(self, v, dv, grad, mvq, mdv, force, qs, drive, active, u, du, depth0, cterms):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
         (at least a quarter of the decrease the quadratic model predicts), else the minimiser of the
         quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
@@ -364,7 +395,7 @@ class Simulator:
         m, h = self.model, self.dt
         de = (dv * (mvq - h * force)).sum(-1) + 0.5 * (dv * mdv).sum(-1)
         vv = torch.stack([v, v + dv], dim=1)  # [W, 2, nv]
-        ej = self._joint_energy(vv, qs, drive, lim_active)
+        ej = self._joint_energy(vv, qs, drive, active)
         de = de + (ej[:, 1] - ej[:, 0]).sum(-1)
         if u is not None:
             cp = m.contact

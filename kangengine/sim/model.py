@@ -118,6 +118,11 @@ class Model:
         of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
         coefficient; contact_point_geom ``C`` geom names; contact: :class:`ContactParams`;
         skipped_geoms: collision geoms of unsupported types (not simulated).
+    Joint-space couplings (``R`` rows over the hinge/slide DOFs, ``L = coupling_matrix @ q``):
+        coupling_matrix ``[R, nv]``; coupling_lower / coupling_upper ``[R]`` (a penalty
+        ``stiffness/2 * violation^2`` outside ``[lower, upper]``, damping on ``L'`` while violated);
+        coupling_stiffness / coupling_damping ``[R]``; coupling_names. Fixed tendons with a range give
+        limit rows, mimic joints give spring rows (``lower = upper = offset``).
     Self-collision filter:
         collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
         links welded by fixed joints or joined through a link without geometry, and the file's
@@ -189,6 +194,12 @@ class Model:
     contact: ContactParams
     skipped_geoms: tuple[str, ...]
     collision_filter_pairs: tuple[tuple[str, str], ...]
+    coupling_matrix: torch.Tensor = None
+    coupling_lower: torch.Tensor = None
+    coupling_upper: torch.Tensor = None
+    coupling_stiffness: torch.Tensor = None
+    coupling_damping: torch.Tensor = None
+    coupling_names: tuple[str, ...] = ()
     has_ball_friction: bool = False
     extras: dict = field(default_factory=dict)
 
@@ -241,6 +252,10 @@ class Model:
         gravity: Sequence[float] | None = None,
         link_gravity: Mapping[str, bool] | None = None,
         contact: ContactParams = ContactParams(),
+        tendon_limit_stiffness: float = 100.0,
+        tendon_limit_damping: float = 0.0,
+        mimic_stiffness: float = 1e4,
+        mimic_damping: float = 10.0,
     ) -> Model:
         """Build the simulator model of ``desc``.
 
@@ -264,6 +279,10 @@ class Model:
             gravity: ``[3]`` m/s^2; ``None`` takes the file's.
             link_gravity: body name -> whether gravity acts on it (default: all).
             contact: ground contact parameters.
+            tendon_limit_stiffness, tendon_limit_damping: penalty on fixed tendons (``desc.tendons``) leaving
+                their range (N/m or N m/rad per unit of tendon length; defaults like joint limits).
+            mimic_stiffness, mimic_damping: spring holding each mimic joint at ``multiplier * leader +
+                offset`` (``desc.mimics``).
         Raises:
             LayoutMismatch: ``layout`` was built for another description.
             UnknownNameError: a name in a mapping argument is not a joint, DOF or body.
@@ -409,6 +428,7 @@ class Model:
 
         # -- contact points ------------------------------------------------------------------------------
         cdata = _contact_points(desc, contact)
+        coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
         filter_pairs = _collision_filter(desc)
 
         return cls(
@@ -479,6 +499,12 @@ class Model:
             contact=contact,
             skipped_geoms=cdata["skipped"],
             collision_filter_pairs=filter_pairs,
+            coupling_matrix=t(coup["matrix"]),
+            coupling_lower=t(coup["lower"]),
+            coupling_upper=t(coup["upper"]),
+            coupling_stiffness=t(coup["stiffness"]),
+            coupling_damping=t(coup["damping"]),
+            coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
         )
 
@@ -676,6 +702,57 @@ def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
         "friction": np.array([p[3] for p in pts], dtype=np.float64),
         "point_geom": tuple(p[4] for p in pts),
         "skipped": tuple(skipped),
+    }
+
+
+def _couplings(desc, layout, k_tendon, d_tendon, k_mimic, d_mimic) -> dict:
+    """Rows of fixed-tendon limits and mimic springs over the hinge/slide DOFs; couplings that name a joint
+    the layout has no scalar DOF for are skipped with a warning."""
+    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
+    out = {"matrix": [], "lower": [], "upper": [], "stiffness": [], "damping": [], "names": []}
+    skipped = []
+
+    def add(name, coefs, lo, hi, k, d):
+        row = np.zeros(layout.nv)
+        for j, c in coefs:
+            row[dof[j]] += c
+        for key, val in (
+            ("matrix", row),
+            ("lower", lo),
+            ("upper", hi),
+            ("stiffness", k),
+            ("damping", d),
+            ("names", name),
+        ):
+            out[key].append(val)
+
+    for t in desc.tendons:
+        if t.range is None:
+            continue
+        if not all(j in dof for j in t.joints):
+            skipped.append(t.name)
+            continue
+        add(t.name, list(zip(t.joints, t.coefficients)), t.range[0], t.range[1], k_tendon, d_tendon)
+    for mm in desc.mimics:
+        if mm.joint not in dof or mm.leader not in dof:
+            skipped.append(f"mimic {mm.joint}")
+            continue
+        # joint = multiplier * leader + offset, in joint values q (MuJoCo qpos)
+        add(f"mimic {mm.joint}", [(mm.joint, 1.0), (mm.leader, -mm.multiplier)], mm.offset, mm.offset, k_mimic, d_mimic)
+    if skipped:
+        warnings.warn(
+            f"{desc.source or desc.name}: couplings over joints without a hinge/slide DOF are not simulated: "
+            f"{', '.join(skipped)}",
+            stacklevel=3,
+        )
+    nv = layout.nv
+    return {
+        "matrix": np.array(out["matrix"], dtype=np.float64).reshape(-1, nv),
+        "lower": np.array(out["lower"], dtype=np.float64),
+        "upper": np.array(out["upper"], dtype=np.float64),
+        "stiffness": np.array(out["stiffness"], dtype=np.float64),
+        "damping": np.array(out["damping"], dtype=np.float64),
+        "names": tuple(out["names"]),
     }
 
 
