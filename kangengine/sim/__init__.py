@@ -15,6 +15,16 @@ from .dynamics import (
 from .integrator import Simulator, StepResult
 from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
 from .model import ContactParams, JointFriction, Model, State
+from .report import ClipReport, Reason, Severity, ValidationResult, ValidationThresholds, Verdict, validate
+from .tracking import (
+    FeedForward,
+    TrackingReference,
+    TrackingResult,
+    TrackingSettings,
+    drive_gains,
+    prepare_reference,
+    track,
+)
 
 __all__ = [
     "Model",
@@ -41,4 +51,18 @@ __all__ = [
     "friction_potential",
     "ContactGeometry",
     "contact_force_per_body",
+    "track",
+    "prepare_reference",
+    "drive_gains",
+    "TrackingSettings",
+    "TrackingReference",
+    "TrackingResult",
+    "FeedForward",
+    "validate",
+    "ValidationThresholds",
+    "ValidationResult",
+    "ClipReport",
+    "Reason",
+    "Severity",
+    "Verdict",
 ]

@@ -1,0 +1,900 @@
+"""Track mapped motions in the simulator and measure what physics says about them.
+
+:func:`track` runs one world per clip, every clip in one batch (padded to the longest), with the
+simulator following each reference by its implicit PD drives plus feed-forward torques from inverse
+dynamics of the reference. It returns per-frame metrics (:class:`TrackingResult`) that
+:func:`kangengine.sim.validate` turns into per-clip reports.
+
+How a reference becomes controls (all batched over the clips' frames, once, before the first step):
+
+1. **Resampling.** Every clip is resampled to the simulator's step times ``t_k = k dt`` with the layout's
+   geodesic interpolation, so clips of any length and fps share one time grid. A Gaussian smoothing of
+   ``smoothing_s`` in the tangent space (``q_k (+) sum_j w_j (q_{k+j} (-) q_k)``) removes mocap jitter
+   before differentiation; the metrics compare against the unsmoothed reference.
+2. **Discretely consistent derivatives.** ``v_k = (q_k (-) q_{k-1}) / dt`` and ``a_k = (v_{k+1} - v_k) / dt``.
+   These are exactly what the backward-Euler step produces when it lands on the reference, so with the
+   feed-forward ``ID(q_k, v_k, a_k)`` and the PD targets ``(q_{k+1}, v_{k+1})`` an actuated root would
+   reproduce the reference to round-off.
+3. **Contact-consistent feed-forward** (:attr:`FeedForward.CONTACT`, the default). The root is not
+   actuated: the first six rows of ``ID`` are the wrench the motion needs from outside (the *residual
+   wrench*). It is distributed over the contact points that are near the ground in the reference by a
+   small non-negative least-squares fit in a linearised friction cone (four edges per point, a fixed
+   number of accelerated projected-gradient iterations, batched over all frames), and the joint
+   feed-forward becomes ``tau = ID - J_c^T f_c`` (plus the model's passive spring and damper forces),
+   so the torques are those of the reference motion *with* its ground reaction forces. What the fit
+   cannot explain is the *unsupported wrench* (a frame that needs it is physically impossible with
+   this contact).
+4. **Balance by the stance legs** (``balance``, on by default). Open-loop joint tracking drifts: the
+   root follows from contact forces, and a humanoid on its feet is an inverted pendulum. Each step the
+   joint targets are shifted by ``dq`` solving ``J_p,joints dq = -J_p,root e`` in damped least squares over
+   the contact points that carry load in the current step (rows weighted by their normal force), where
+   ``e`` is the root's pose error against the reference: with the loaded points held where they are, the
+   legs would put the root back on the reference. Only joints move, so the body can push on the ground,
+   never on the root: a floating or skating reference still fails.
+5. **Root assistance** (``root_assist_frequency_hz``, off by default): an implicit PD drive on the root
+   DOFs towards the reference root, a virtual external wrench (by default horizontal force and torque
+   only, never vertical support). When used, its force and torque are reported per frame and in the
+   validation report.
+
+Per step, only tensors are gathered (one reference row per world by index), so there is no Python loop
+over clips, and no host-device synchronisation: the same code runs on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from .. import rotations as R
+from ..animation.motion import ArticulationMotion
+from ..errors import MotionError, ShapeError
+from .control import Control
+from .dynamics import inverse_dynamics, mass_matrix
+from .integrator import Simulator
+from .kinematics import link_jacobians, link_transforms
+from .model import Model, State
+
+__all__ = [
+    "FeedForward",
+    "TrackingSettings",
+    "TrackingReference",
+    "TrackingResult",
+    "prepare_reference",
+    "track",
+    "drive_gains",
+]
+
+GRAVITY = 9.81
+
+
+class FeedForward(str, enum.Enum):
+    """Feed-forward torques added to the PD drives.
+
+    ``CONTACT``: inverse dynamics of the reference minus the generalized forces of the contact forces
+    fitted to its residual wrench (``ID - J_c^T f_c``). ``INVERSE_DYNAMICS``: the joint rows of inverse
+    dynamics alone (the root residual is dropped). ``NONE``: PD only.
+    """
+
+    CONTACT = "contact"
+    INVERSE_DYNAMICS = "inverse_dynamics"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """How :func:`track` follows a reference.
+
+    Attributes:
+        dt: simulator step, s.
+        iterations: Newton iterations per step (:class:`~kangengine.sim.Simulator`).
+        drive_frequency_hz: natural frequency of the joint PD drives: ``kp_i = I_i w^2``,
+            ``kd_i = 2 zeta I_i w``, where ``I_i`` is the inertia of the whole body about DOF ``i``'s axis
+            at the neutral pose (a stance leg carries the body, so its drives are sized for it).
+        drive_damping_ratio: ``zeta``.
+        drive_stiffness, drive_damping: explicit gains replacing the ones above: a scalar (every
+            non-root DOF), an ``[nv]`` array, or a mapping from joint/DOF names to values.
+        feedforward: :class:`FeedForward`.
+        smoothing_s: standard deviation (s) of the Gaussian smoothing of the reference before it is
+            differentiated; 0 turns it off.
+        contact_height: m, a reference contact point this close to the ground (or below) may carry load
+            in the contact fit.
+        fit_points: most contact points per frame considered by the fit (the lowest ones).
+        fit_iterations: projected-gradient iterations of the contact fit.
+        friction: Coulomb coefficient used by the fit (``None``: the model's per-point friction); the fit
+            uses ``friction_margin`` times it.
+        friction_margin: safety factor on the friction cone of the fit.
+        balance: stance-leg balance correction of the joint targets (see the module docstring).
+        balance_gain: fraction of the root error the correction removes per step (1: all of it).
+        balance_regularization: damping of the least-squares solve (m^2 per unit load share).
+        root_assist_frequency_hz: natural frequency of the virtual root PD drive (``kp = M_root w^2``,
+            ``kd = 2 zeta M_root w`` on the diagonal of the whole-body root inertia); 0 (default) turns
+            it off.
+        root_assist_damping_ratio: its ``zeta``.
+        root_assist_horizontal_scale, root_assist_vertical_scale, root_assist_rotation_scale: gain scale
+            of its horizontal force, vertical force (default 0: the body is never held up) and torque.
+        clamp_effort: clamp drive efforts at the model's effort limits (default: unclamped, and the
+            effort over the limit is reported instead).
+        chunk_frames: reference frames processed together during setup.
+    """
+
+    dt: float = 1.0 / 60.0
+    iterations: int = 2
+    drive_frequency_hz: float = 2.0
+    drive_damping_ratio: float = 1.0
+    drive_stiffness: float | Sequence[float] | Mapping[str, float] | None = None
+    drive_damping: float | Sequence[float] | Mapping[str, float] | None = None
+    feedforward: FeedForward = FeedForward.CONTACT
+    smoothing_s: float = 0.02
+    contact_height: float = 0.03
+    fit_points: int = 16
+    fit_iterations: int = 150
+    friction: float | None = None
+    friction_margin: float = 0.8
+    balance: bool = True
+    balance_gain: float = 1.0
+    balance_regularization: float = 1e-2
+    root_assist_frequency_hz: float = 0.0
+    root_assist_damping_ratio: float = 1.0
+    root_assist_horizontal_scale: float = 1.0
+    root_assist_vertical_scale: float = 0.0
+    root_assist_rotation_scale: float = 1.0
+    clamp_effort: bool = False
+    chunk_frames: int = 256
+
+    def __post_init__(self):
+        if not (self.dt > 0 and math.isfinite(self.dt)):
+            raise ShapeError(f"dt is {self.dt}; expected a positive number of seconds", item="TrackingSettings.dt")
+        object.__setattr__(self, "feedforward", FeedForward(self.feedforward))
+        for name in ("drive_frequency_hz", "root_assist_frequency_hz", "smoothing_s", "balance_gain"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ShapeError(f"{name} is {v}; expected a finite number >= 0", item=f"TrackingSettings.{name}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings (enums as their values, arrays as lists)."""
+        out = {}
+        for k in self.__dataclass_fields__:
+            v = getattr(self, k)
+            if isinstance(v, enum.Enum):
+                v = v.value
+            elif isinstance(v, Mapping):
+                v = {str(a): float(b) for a, b in sorted(v.items())}
+            elif isinstance(v, (np.ndarray, list, tuple)):
+                v = [float(x) for x in np.asarray(v).ravel()]
+            out[k] = v
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class TrackingReference:
+    """The references of ``W`` clips on the simulator's time grid, packed frame-major (``N`` = total
+    number of grid frames of all clips), plus what the reference alone says (no simulation).
+
+    Attributes:
+        dt: grid step, s.
+        clip_step_start: ``[W]`` int64, first row of each clip; clip_step_count: ``[W]`` rows per clip.
+        q: ``[N, nq]`` tracked (smoothed) coordinates; qd, qdd: ``[N, nv]`` their discrete derivatives.
+        q_raw: ``[N, nq]`` resampled, unsmoothed coordinates (what metrics compare against).
+        feedforward: ``[N, nv]`` feed-forward drive force for the step leaving each frame (root rows 0).
+        residual_wrench: ``[N, 6]`` first six rows of inverse dynamics with no contact: world force (N) at
+            the root origin, world torque (N m) about it.
+        unsupported_wrench: ``[N, 6]`` the part of it the contact fit could not explain.
+        contact_force: ``[N, Bc]`` N, vertical force the fit puts on each contact body.
+        contact_height: ``[N, Bc]`` m, height of each contact body's lowest contact point (unsmoothed).
+        contact_speed: ``[N, Bc]`` m/s, horizontal speed of that point.
+        body_pos: ``[N, B, 3]`` m, body origins of the unsmoothed reference (world).
+        contact_bodies: ``[Bc]`` int64, bodies with contact points.
+        tensors live on the model's device in its dtype.
+    """
+
+    dt: float
+    clip_step_start: torch.Tensor
+    clip_step_count: torch.Tensor
+    q: torch.Tensor
+    qd: torch.Tensor
+    qdd: torch.Tensor
+    q_raw: torch.Tensor
+    feedforward: torch.Tensor
+    residual_wrench: torch.Tensor
+    unsupported_wrench: torch.Tensor
+    contact_force: torch.Tensor
+    contact_height: torch.Tensor
+    contact_speed: torch.Tensor
+    body_pos: torch.Tensor
+    contact_bodies: torch.Tensor
+
+    @property
+    def num_clips(self) -> int:
+        return int(self.clip_step_start.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class TrackingResult:
+    """Per-frame metrics of ``W`` tracked clips on the simulator grid of ``K`` steps (the longest clip);
+    numpy arrays ``[W, K, ...]``, entries past a clip's end are 0 and ``valid`` is False there.
+
+    Attributes:
+        dt: s per frame. clip_names: ``W`` names. clip_step_count: ``[W]`` frames of each clip.
+        settings: the :class:`TrackingSettings` used. total_mass: kg. body_names: ``B`` names.
+        dof_names: names of the ``nv - 6`` non-root DOFs (or ``nv`` for a fixed root).
+        contact_body_names: ``Bc`` bodies with contact points.
+        valid: ``[W, K]`` bool.
+        body_error: ``[W, K, B]`` m, distance between simulated and reference body origins.
+        body_error_mean, body_error_max: ``[W, K]`` m, mean and max over bodies.
+        dof_error: ``[W, K, D]`` rad or m, ``|q_sim (-) q_ref|`` per non-root DOF.
+        root_error: ``[W, K]`` m (3-D); root_horizontal_error ``[W, K]`` m; root_height_error ``[W, K]`` m
+            (simulated minus reference); heading_error ``[W, K]`` rad (signed yaw, simulated minus reference).
+        reference_limit_violation, sim_limit_violation: ``[W, K]`` rad or m, largest distance of a DOF
+            beyond its range.
+        effort_ratio: ``[W, K]`` largest ``|drive force| / effort limit`` over DOFs in the simulation.
+        feedforward_ratio: ``[W, K]`` the same for the reference's feed-forward alone.
+        residual_force, residual_torque: ``[W, K]`` N and N m, norms of the reference's residual wrench.
+        unsupported_force, unsupported_torque: ``[W, K]`` what the contact fit could not explain.
+        reference_contact_height: ``[W, K, Bc]`` m; reference_contact_speed ``[W, K, Bc]`` m/s;
+            reference_contact_force ``[W, K, Bc]`` N (fitted, vertical).
+        sim_contact_force: ``[W, K, Bc]`` N, normal ground force per contact body in the simulation.
+        sim_skating_speed: ``[W, K]`` m/s, largest horizontal speed of a loaded simulated contact point.
+        sim_penetration: ``[W, K]`` m, deepest simulated contact point.
+        assist_force, assist_torque: ``[W, K]`` N and N m, root assistance (zero when off).
+        reference_root_height: ``[W, K]`` m, height of the reference root origin.
+        feedforward_ratio_by_dof: ``[W, D]`` 95th percentile over each clip's frames of
+            ``|feed-forward| / effort limit`` per non-root DOF.
+        nonfinite: ``[W]`` bool, worlds whose state became non-finite (frozen).
+        timings: seconds spent in ``setup``, ``simulation`` and ``metrics``.
+    """
+
+    dt: float
+    clip_names: tuple[str, ...]
+    clip_step_count: np.ndarray
+    settings: TrackingSettings
+    total_mass: float
+    body_names: tuple[str, ...]
+    dof_names: tuple[str, ...]
+    contact_body_names: tuple[str, ...]
+    valid: np.ndarray
+    body_error: np.ndarray
+    body_error_mean: np.ndarray
+    body_error_max: np.ndarray
+    dof_error: np.ndarray
+    root_error: np.ndarray
+    root_horizontal_error: np.ndarray
+    root_height_error: np.ndarray
+    heading_error: np.ndarray
+    reference_limit_violation: np.ndarray
+    sim_limit_violation: np.ndarray
+    effort_ratio: np.ndarray
+    feedforward_ratio: np.ndarray
+    residual_force: np.ndarray
+    residual_torque: np.ndarray
+    unsupported_force: np.ndarray
+    unsupported_torque: np.ndarray
+    reference_contact_height: np.ndarray
+    reference_contact_speed: np.ndarray
+    reference_contact_force: np.ndarray
+    sim_contact_force: np.ndarray
+    sim_skating_speed: np.ndarray
+    sim_penetration: np.ndarray
+    assist_force: np.ndarray
+    assist_torque: np.ndarray
+    reference_root_height: np.ndarray
+    feedforward_ratio_by_dof: np.ndarray
+    nonfinite: np.ndarray
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def num_clips(self) -> int:
+        return len(self.clip_names)
+
+    @property
+    def weight(self) -> float:
+        """``m g`` in N."""
+        return self.total_mass * GRAVITY
+
+
+# -- gains -------------------------------------------------------------------------------------------
+
+
+def _root_block(model: Model) -> torch.Tensor:
+    """``[6, 6]`` composite inertia of the whole body in root coordinates at the neutral pose."""
+    q0 = torch.as_tensor(model.layout.neutral(), dtype=model.dtype, device=model.device)[None]
+    return mass_matrix(model, q0)[0, :6, :6]
+
+
+def _axis_inertia(model: Model) -> torch.Tensor:
+    """``[nv]``: inertia (kg m^2 or kg) of the whole body, rigid, about each DOF's motion axis at the
+    neutral pose (root DOFs: the diagonal of the root block), plus the DOF's joint inertia."""
+    q0 = torch.as_tensor(model.layout.neutral(), dtype=model.dtype, device=model.device)[None]
+    mroot = mass_matrix(model, q0)[0, :6, :6] if model.layout.free_root else None
+    pos, _ = link_transforms(model, q0)
+    jac = link_jacobians(model, q0)[0]  # [B, 6, nv]
+    nv = model.nv
+    cols = jac[model.dof_body, :, torch.arange(nv, device=model.device)]  # [nv, 6]: (v_link, w)
+    lin, ang = cols[:, :3], cols[:, 3:]
+    if mroot is None:
+        # fixed root: the whole tree moves with nothing; use the composite inertia seen by the DOF
+        full = mass_matrix(model, q0)[0]
+        return full.diagonal()
+    o = pos[0, 0]
+    ob = pos[0, model.dof_body]
+    v_root = lin + torch.linalg.cross(ang, o - ob)  # velocity of the root origin for a rigid rotation
+    s = torch.cat([v_root, ang], dim=-1)  # [nv, 6] in root coordinates
+    inertia = torch.einsum("ni,ij,nj->n", s, mroot, s)
+    return inertia + model.armature
+
+
+def _per_dof(model: Model, value, default: torch.Tensor, what: str) -> torch.Tensor:
+    if value is None:
+        return default
+    nv = model.nv
+    names = model.layout.dof_names
+    out = default.clone()
+    if isinstance(value, Mapping):
+        joints = {}
+        for blk in model.layout.blocks:
+            if blk.qd_dim:
+                joints[blk.joint_name] = list(range(blk.qd_offset, blk.qd_offset + blk.qd_dim))
+        for k, v in value.items():
+            idx = joints.get(k) or ([names.index(k)] if k in names else None)
+            if idx is None:
+                from ..errors import UnknownNameError
+
+                raise UnknownNameError(
+                    f"{what}: no joint or DOF {k!r}; names are: {', '.join(names)}", item=f"TrackingSettings.{what}"
+                )
+            out[idx] = float(v)
+        return out
+    arr = torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=model.dtype, device=model.device)
+    if arr.ndim == 0:
+        out[_first_joint_dof(model) :] = arr
+        return out
+    if tuple(arr.shape) != (nv,):
+        raise ShapeError(
+            f"{what} has shape {tuple(arr.shape)}; expected a scalar, [{nv}] or a name mapping",
+            item=f"TrackingSettings.{what}",
+        )
+    return arr.clone()
+
+
+def _first_joint_dof(model: Model) -> int:
+    return 6 if model.layout.free_root else 0
+
+
+def drive_gains(model: Model, settings: TrackingSettings = TrackingSettings()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Joint PD gains of :func:`track`: ``(kp [nv], kd [nv])``, N m/rad and N m s/rad (N/m, N s/m for
+    slides), root DOFs 0 (or the root-assistance gains when it is on).
+
+    ``kp_i = I_i w^2`` and ``kd_i = 2 zeta I_i w`` with ``w = 2 pi drive_frequency_hz`` and ``I_i`` the
+    inertia of the whole body about DOF ``i``'s axis at the neutral pose; explicit ``drive_stiffness`` /
+    ``drive_damping`` settings replace them.
+    """
+    inertia = _axis_inertia(model)
+    w = 2.0 * math.pi * settings.drive_frequency_hz
+    kp = inertia * w * w
+    kd = 2.0 * settings.drive_damping_ratio * inertia * w
+    j0 = _first_joint_dof(model)
+    kp[:j0] = 0.0
+    kd[:j0] = 0.0
+    kp = _per_dof(model, settings.drive_stiffness, kp, "drive_stiffness")
+    kd = _per_dof(model, settings.drive_damping, kd, "drive_damping")
+    if j0 and settings.root_assist_frequency_hz > 0:
+        wr = 2.0 * math.pi * settings.root_assist_frequency_hz
+        diag = _root_block(model).diagonal()
+        kp[:6] = diag * wr * wr
+        kd[:6] = 2.0 * settings.root_assist_damping_ratio * diag * wr
+        kp[2] = kp[2] * settings.root_assist_vertical_scale
+        kd[2] = kd[2] * settings.root_assist_vertical_scale
+        kp[:2] = kp[:2] * settings.root_assist_horizontal_scale
+        kd[:2] = kd[:2] * settings.root_assist_horizontal_scale
+        kp[3:6] = kp[3:6] * settings.root_assist_rotation_scale
+        kd[3:6] = kd[3:6] * settings.root_assist_rotation_scale
+    elif j0:
+        kp[:6] = 0.0
+        kd[:6] = 0.0
+    return kp, kd
+
+
+# -- reference preparation ---------------------------------------------------------------------------------
+
+
+def _resample(layout, motion: ArticulationMotion, dt: float) -> np.ndarray:
+    q = np.asarray(motion.q, dtype=np.float64)
+    fps = motion.fps()
+    frames = q.shape[0]
+    steps = int(math.floor((frames - 1) / fps / dt + 1e-6)) + 1
+    f = np.arange(steps) * dt * fps
+    i0 = np.clip(np.floor(f + 1e-9).astype(np.int64), 0, frames - 2)
+    a = np.clip(f - i0, 0.0, 1.0)
+    return layout.interpolate(q[i0], q[i0 + 1], a)
+
+
+def _smooth(layout, q: np.ndarray, sigma_steps: float) -> np.ndarray:
+    """Gaussian smoothing in the tangent space around each frame (edges replicated)."""
+    if sigma_steps <= 0 or q.shape[0] < 3:
+        return q
+    rad = int(math.ceil(3.0 * sigma_steps))
+    off = np.arange(-rad, rad + 1)
+    w = np.exp(-0.5 * (off / sigma_steps) ** 2)
+    w /= w.sum()
+    k = np.arange(q.shape[0])
+    acc = np.zeros((q.shape[0], layout.nv))
+    for o, wo in zip(off, w):
+        if o == 0:
+            continue
+        acc += wo * layout.difference(q[np.clip(k + o, 0, q.shape[0] - 1)], q)
+    return layout.integrate(q, acc)
+
+
+def _contact_points(model: Model, pos: torch.Tensor, quat: torch.Tensor) -> torch.Tensor:
+    """``[n, C, 3]`` world position of the lowest point of every contact sphere."""
+    pb = model.contact_point_body
+    centre = pos[:, pb] + R.quat_rotate(quat[:, pb], model.contact_point_local.expand(pos.shape[0], -1, -1))
+    return centre - torch.stack(
+        [torch.zeros_like(model.contact_radius), torch.zeros_like(model.contact_radius), model.contact_radius], -1
+    )
+
+
+def _body_wrenches(model: Model, pos: torch.Tensor, points: torch.Tensor, body: torch.Tensor, force: torch.Tensor):
+    """``[n, B, 6]`` (force, moment about the link origin) of point forces ``force [n, P, 3]`` at
+    ``points [n, P, 3]`` on bodies ``body [n, P]``."""
+    n = force.shape[0]
+    lever = points - torch.gather(pos, 1, body[..., None].expand(-1, -1, 3))
+    wrench = torch.cat([force, torch.linalg.cross(lever, force)], dim=-1)
+    out = torch.zeros(n, model.num_bodies, 6, dtype=force.dtype, device=force.device)
+    return out.scatter_add_(1, body[..., None].expand(-1, -1, 6), wrench)
+
+
+def _generalized(jac: torch.Tensor, wrench: torch.Tensor) -> torch.Tensor:
+    """``sum_b J_b^T w_b``: ``jac [n, B, 6, nv]``, ``wrench [n, B, 6]`` -> ``[n, nv]``."""
+    return torch.einsum("nbiv,nbi->nv", jac, wrench)
+
+
+def _fit_contacts(model, settings, points, origin, wrench):
+    """Non-negative least squares of the residual wrench over linearised friction cones.
+
+    Args:
+        points: ``[n, C, 3]`` contact points (world); origin ``[n, 3]`` root origin; wrench ``[n, 6]``.
+    Returns:
+        ``(forces [n, k, 3], index [n, k], explained [n, 6])``.
+    """
+    n, c, _ = points.shape
+    k = min(settings.fit_points, c)
+    height = points[..., 2] - model.contact.ground_height
+    neg, idx = torch.topk(-height, k, dim=1)
+    active = (-neg < settings.contact_height).to(points.dtype)  # [n, k]
+    p = torch.gather(points, 1, idx[..., None].expand(-1, -1, 3))
+    r = p - origin[:, None]
+    if settings.friction is not None:
+        mu = torch.full_like(height[:, :k], float(settings.friction))
+    else:
+        mu = model.contact_friction[idx]
+    mu = mu * settings.friction_margin
+    ang = torch.arange(4, dtype=points.dtype, device=points.device) * (math.pi / 2)
+    cs = torch.stack([torch.cos(ang), torch.sin(ang), torch.zeros_like(ang)], -1)  # [4, 3]
+    ez = torch.tensor([0.0, 0.0, 1.0], dtype=points.dtype, device=points.device)
+    d = ez + mu[..., None, None] * cs  # [n, k, 4, 3]
+    tq = torch.linalg.cross(r[:, :, None].expand_as(d), d)
+    a = torch.cat([d, tq], dim=-1) * active[..., None, None]  # [n, k, 4, 6]
+    a = a.reshape(n, 4 * k, 6).transpose(1, 2)  # [n, 6, 4k]
+    at = a.transpose(1, 2)
+    lip = torch.linalg.eigvalsh(a @ at)[:, -1]
+    eps = 1e-4 * lip + 1e-9
+    step = 1.0 / (lip + eps)
+    lam = torch.zeros(n, 4 * k, dtype=points.dtype, device=points.device)
+    y = lam
+    t = 1.0
+    for _ in range(settings.fit_iterations):
+        g = (at @ ((a @ y[..., None])[..., 0] - wrench)[..., None])[..., 0] + eps[:, None] * y
+        new = torch.clamp(y - step[:, None] * g, min=0.0)
+        t1 = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
+        y = new + ((t - 1.0) / t1) * (new - lam)
+        lam, t = new, t1
+    forces = (lam.reshape(n, k, 4, 1) * d).sum(2)  # [n, k, 3]
+    explained = (a @ lam[..., None])[..., 0]
+    return forces, idx, explained, p
+
+
+def _contact_bodies(model: Model) -> torch.Tensor:
+    return torch.unique(model.contact_point_body)
+
+
+def prepare_reference(
+    model: Model, motions: Sequence[ArticulationMotion], settings: TrackingSettings = TrackingSettings()
+) -> TrackingReference:
+    """Resample, smooth and differentiate every clip on the simulator grid and compute its feed-forward
+    torques, residual and unsupported wrenches and reference contact quantities (see the module
+    docstring), batched over all frames of all clips.
+
+    Raises:
+        LayoutMismatch: a motion belongs to another layout. MotionError: a clip shorter than one step.
+    """
+    layout = model.layout
+    dev, dt_ = model.device, model.dtype
+    dt = settings.dt
+    q_trk, q_raw, v_all, a_all, starts, counts = [], [], [], [], [], []
+    start = 0
+    for i, m in enumerate(motions):
+        m.check_layout(layout, what=f"motion {i}")
+        if m.num_frames < 2 or m.duration < dt:
+            raise MotionError(
+                f"clip {i} lasts {m.duration:.4g} s ({m.num_frames} frames); expected at least one step of {dt:.4g} s",
+                item=f"motion {i}",
+            )
+        raw = _resample(layout, m, dt)
+        q = _smooth(layout, raw, settings.smoothing_s / dt)
+        v = np.zeros((q.shape[0], layout.nv))
+        v[1:] = layout.difference(q[1:], q[:-1], dt)
+        v[0] = v[1]
+        acc = np.zeros_like(v)
+        acc[:-1] = (v[1:] - v[:-1]) / dt
+        q_trk.append(q)
+        q_raw.append(raw)
+        v_all.append(v)
+        a_all.append(acc)
+        starts.append(start)
+        counts.append(q.shape[0])
+        start += q.shape[0]
+
+    def cat(x):
+        return torch.as_tensor(np.concatenate(x), dtype=dt_, device=dev)
+
+    Q, QR, V, A = cat(q_trk), cat(q_raw), cat(v_all), cat(a_all)
+    n_total = Q.shape[0]
+    nv = model.nv
+    cbodies = _contact_bodies(model)
+    bc = int(cbodies.shape[0])
+    body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
+    body_slot[cbodies] = torch.arange(bc, device=dev)
+    point_slot = body_slot[model.contact_point_body]  # [C]
+
+    ff = torch.zeros(n_total, nv, dtype=dt_, device=dev)
+    resid = torch.zeros(n_total, 6, dtype=dt_, device=dev)
+    unsup = torch.zeros(n_total, 6, dtype=dt_, device=dev)
+    cforce = torch.zeros(n_total, bc, dtype=dt_, device=dev)
+    cheight = torch.zeros(n_total, bc, dtype=dt_, device=dev)
+    body_pos = torch.zeros(n_total, model.num_bodies, 3, dtype=dt_, device=dev)
+    raw_points = torch.zeros(n_total, model.num_contact_points, 3, dtype=dt_, device=dev)
+    free = model.layout.free_root
+    j0 = _first_joint_dof(model)
+    scalar = model.scalar_dof.to(dt_)
+    chunk = max(int(settings.chunk_frames), 1)
+    for s in range(0, n_total, chunk):
+        e = min(s + chunk, n_total)
+        q, v, a = Q[s:e], V[s:e], A[s:e]
+        tau = inverse_dynamics(model, q, v, a)
+        # passive joint forces the drives must overcome: springs and dampers of the model
+        qs = q[:, model.scalar_q] * scalar
+        tau_p = model.damping * v + model.spring_stiffness * (qs - model.spring_ref) * scalar
+        if free:
+            resid[s:e] = tau[:, :6]
+        pos, quat = link_transforms(model, q)
+        if model.num_contact_points:
+            pts = _contact_points(model, pos, quat)
+            if free and settings.feedforward is FeedForward.CONTACT:
+                forces, idx, explained, p = _fit_contacts(model, settings, pts, pos[:, 0], tau[:, :6])
+                unsup[s:e] = tau[:, :6] - explained
+                pbody = model.contact_point_body[idx]
+                jac = link_jacobians(model, q)
+                tau = tau - _generalized(jac, _body_wrenches(model, pos, p, pbody, forces))
+                cforce[s:e].scatter_add_(1, point_slot[idx], forces[..., 2])
+            elif free:
+                unsup[s:e] = tau[:, :6]
+            rpos, rquat = link_transforms(model, QR[s:e])
+            raw_points[s:e] = _contact_points(model, rpos, rquat)
+            body_pos[s:e] = rpos
+        else:
+            body_pos[s:e], _ = link_transforms(model, QR[s:e])
+            if free:
+                unsup[s:e] = tau[:, :6]
+        if settings.feedforward is FeedForward.NONE:
+            tau = torch.zeros_like(tau)
+        tau = tau + tau_p
+        tau[:, :j0] = 0.0
+        ff[s:e] = tau
+
+    # reference contact heights and horizontal speeds (unsmoothed), per contact body
+    st = torch.as_tensor(starts, dtype=torch.int64, device=dev)
+    ct = torch.as_tensor(counts, dtype=torch.int64, device=dev)
+    cspeed = torch.zeros(n_total, bc, dtype=dt_, device=dev)
+    if model.num_contact_points:
+        clip_of = torch.repeat_interleave(torch.arange(len(counts), device=dev), ct)
+        row = torch.arange(n_total, device=dev)
+        lo, hi = st[clip_of], st[clip_of] + ct[clip_of] - 1
+        nxt, prv = torch.minimum(row + 1, hi), torch.maximum(row - 1, lo)
+        span = ((nxt - prv).clamp(min=1) * dt).to(dt_)
+        vel = (raw_points[nxt, :, :2] - raw_points[prv, :, :2]) / span[:, None, None]
+        speed = torch.linalg.vector_norm(vel, dim=-1)
+        h = raw_points[..., 2] - model.contact.ground_height
+        # per body: its lowest point, and that point's speed
+        big = torch.full((n_total, bc, model.num_contact_points), math.inf, dtype=dt_, device=dev)
+        mask = point_slot[None, :] == torch.arange(bc, device=dev)[:, None]  # [Bc, C]
+        big = torch.where(mask[None], h[:, None, :], big)
+        cheight, arg = big.min(-1)
+        cspeed = torch.gather(speed, 1, arg)
+    return TrackingReference(
+        dt=dt,
+        clip_step_start=st,
+        clip_step_count=ct,
+        q=Q,
+        qd=V,
+        qdd=A,
+        q_raw=QR,
+        feedforward=ff,
+        residual_wrench=resid,
+        unsupported_wrench=unsup,
+        contact_force=cforce,
+        contact_height=cheight,
+        contact_speed=cspeed,
+        body_pos=body_pos,
+        contact_bodies=cbodies,
+    )
+
+
+# -- tracking ---------------------------------------------------------------------------------------------
+
+
+def _root_error(q_ref: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``[W, 6]``: (position error, rotation vector of ref * sim^-1), world frame."""
+    dp = q_ref[:, :3] - q[:, :3]
+    rel = R.quat_multiply(q_ref[:, 3:7], R.quat_conjugate(q[:, 3:7]))
+    return torch.cat([dp, R.quat_to_rotvec(rel)], dim=-1)
+
+
+def _yaw(quat: torch.Tensor) -> torch.Tensor:
+    fwd = R.quat_rotate(
+        quat, torch.tensor([1.0, 0.0, 0.0], dtype=quat.dtype, device=quat.device).expand_as(quat[..., 1:])
+    )
+    return torch.atan2(fwd[..., 1], fwd[..., 0])
+
+
+def track(
+    model: Model,
+    motions: ArticulationMotion | Sequence[ArticulationMotion],
+    *,
+    settings: TrackingSettings = TrackingSettings(),
+    names: Sequence[str] | None = None,
+    reference: TrackingReference | None = None,
+) -> TrackingResult:
+    """Simulate every clip in its own world, tracking it, and measure per-frame metrics.
+
+    Args:
+        model: the simulator :class:`~kangengine.sim.Model` (its device and dtype are used; its own drive
+            gains are replaced by :func:`drive_gains`).
+        motions: one or more :class:`~kangengine.animation.ArticulationMotion` of ``model.layout`` (any
+            lengths and fps).
+        settings: :class:`TrackingSettings`.
+        names: clip names for the result (default ``clip_0``, ...).
+        reference: a :func:`prepare_reference` result for these motions and settings (computed when omitted).
+    Returns:
+        :class:`TrackingResult`.
+    Raises:
+        LayoutMismatch, MotionError: see :func:`prepare_reference`.
+    """
+    if isinstance(motions, ArticulationMotion):
+        motions = [motions]
+    motions = list(motions)
+    if not motions:
+        raise MotionError("no clips to track; expected at least one ArticulationMotion", item="motions")
+    names = tuple(names) if names is not None else tuple(f"clip_{i}" for i in range(len(motions)))
+    if len(names) != len(motions):
+        raise ShapeError(f"{len(names)} names for {len(motions)} clips", item="names")
+    t0 = time.perf_counter()
+    ref = reference if reference is not None else prepare_reference(model, motions, settings)
+    dev, dt_ = model.device, model.dtype
+    w = ref.num_clips
+    counts = ref.clip_step_count
+    steps = int(counts.max())
+    free = model.layout.free_root
+    j0 = _first_joint_dof(model)
+    sim_model = (
+        model if settings.clamp_effort else replace(model, effort_limit=torch.full_like(model.effort_limit, math.inf))
+    )
+    sim = Simulator(sim_model, dt=settings.dt, iterations=settings.iterations, check_inputs=False)
+    kp, kd = drive_gains(model, settings)
+    kp_w, kd_w = kp.expand(w, -1).contiguous(), kd.expand(w, -1).contiguous()
+
+    k_all = torch.arange(steps, device=dev)
+    last = counts - 1
+    cur_idx = ref.clip_step_start[None, :] + torch.minimum(k_all[:, None], last[None, :])  # [K, W]
+    nxt_idx = ref.clip_step_start[None, :] + torch.minimum(k_all[:, None] + 1, last[None, :])
+    state = State.from_q(model, ref.q[cur_idx[0]], ref.qd[cur_idx[0]])
+
+    balance = free and settings.balance and settings.balance_gain > 0 and model.num_contact_points > 0
+    cbodies = ref.contact_bodies
+    bc = int(cbodies.shape[0])
+    body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
+    body_slot[cbodies] = torch.arange(bc, device=dev)
+    point_slot = body_slot[model.contact_point_body]
+    effort = model.effort_limit
+
+    # per-step buffers (no host transfer inside the loop)
+    q_log = torch.empty(steps, w, model.nq, dtype=dt_, device=dev)
+    q_log[0] = state.q
+    effort_log = torch.zeros(steps, w, dtype=dt_, device=dev)
+    assist_log = torch.zeros(steps, w, 2, dtype=dt_, device=dev)
+    cforce_log = torch.zeros(steps, w, bc, dtype=dt_, device=dev)
+    skate_log = torch.zeros(steps, w, dtype=dt_, device=dev)
+    pen_log = torch.zeros(steps, w, dtype=dt_, device=dev)
+    prev_normal = torch.zeros(w, model.num_contact_points, dtype=dt_, device=dev)
+    prev_pos = None
+    t_setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for k in range(steps - 1):
+        ci, ni = cur_idx[k], nxt_idx[k]
+        tau = ref.feedforward[ci]
+        q_tgt, qd_tgt = ref.q[ni], ref.qd[ni]
+        if balance:
+            q_tgt, qd_tgt = _stance_correction(model, state.q, state.qd, q_tgt, qd_tgt, prev_normal, settings, j0)
+        ctrl = Control(
+            q_target=q_tgt,
+            qd_target=qd_tgt,
+            tau_feedforward=tau,
+            drive_stiffness=kp_w,
+            drive_damping=kd_w,
+        )
+        out = sim.step(state, ctrl)
+        state = out.state
+        q_log[k + 1] = state.q
+        drive = out.drive_force
+        effort_log[k + 1] = (drive[:, j0:].abs() / effort[j0:]).amax(-1) if model.nv > j0 else 0.0
+        if free:
+            assist_log[k + 1, :, 0] = torch.linalg.vector_norm(drive[:, :3], dim=-1)
+            assist_log[k + 1, :, 1] = torch.linalg.vector_norm(drive[:, 3:6], dim=-1)
+        if model.num_contact_points:
+            normal = out.contact_normal_force
+            cf = torch.zeros(w, bc, dtype=dt_, device=dev)
+            cforce_log[k + 1] = cf.index_add_(1, point_slot, normal)
+            pen_log[k + 1] = out.contact_depth.amax(-1).clamp(min=0.0)
+            pos = out.contact_position
+            if prev_pos is not None:
+                sp = torch.linalg.vector_norm(pos[..., :2] - prev_pos[..., :2], dim=-1) / settings.dt
+                skate_log[k] = torch.where(normal > 1.0, sp, torch.zeros_like(sp)).amax(-1)
+            prev_pos = pos
+            prev_normal = normal
+    nonfinite = state.frozen
+    t_sim = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    result = _metrics(
+        model, ref, names, settings, q_log, effort_log, assist_log, cforce_log, skate_log, pen_log, nonfinite, cur_idx
+    )
+    timings = {"setup": t_setup, "simulation": t_sim, "metrics": time.perf_counter() - t2}
+    return replace(result, timings=timings)
+
+
+def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
+    """Shift the joint targets so that, with the loaded contact points held where they are, the root
+    would sit at the reference: ``J_p,joints dq = -J_p,root e`` (damped least squares over the contact
+    points, rows weighted by each point's normal force; a line of points leaves rolling about it free)."""
+    w = q.shape[0]
+    e = _root_error(q_ref, q)
+    de = qd_ref[:, :6] - qd[:, :6]
+    share = normal / normal.sum(-1, keepdim=True).clamp(min=1e-6)  # [W, C]
+    pos, quat = link_transforms(model, q)
+    pts = _contact_points(model, pos, quat)
+    pb = model.contact_point_body
+    jac = link_jacobians(model, q)[:, pb]  # [W, C, 6, nv]
+    lever = pts - pos[:, pb]
+    jp = jac[..., :3, :] - torch.linalg.cross(lever[..., None].expand(-1, -1, -1, model.nv), jac[..., 3:, :], dim=2)
+    jr, jj = jp[..., :j0], jp[..., j0:]
+    sw = share[..., None, None]
+    h = torch.einsum("wciu,wciv->wuv", jj * sw, jj)
+    h = h + settings.balance_regularization * torch.eye(h.shape[-1], dtype=q.dtype, device=q.device)
+    target = torch.stack([torch.einsum("wciv,wv->wci", jr, e), torch.einsum("wciv,wv->wci", jr, de)], -1)
+    rhs = -torch.einsum("wciu,wcik->wuk", jj * sw, target)
+    chol, _ = torch.linalg.cholesky_ex(h)  # no error check: no host-device synchronisation
+    sol = torch.cholesky_solve(rhs, chol)
+    gain = settings.balance_gain
+    dq = torch.zeros(w, model.nv, dtype=q.dtype, device=q.device)
+    dq[:, j0:] = gain * sol[..., 0]
+    dqd = torch.zeros_like(dq)
+    dqd[:, j0:] = gain * sol[..., 1]
+    return model.layout.integrate(q_ref, dq), qd_ref + dqd
+
+
+def _wrap(x: torch.Tensor) -> torch.Tensor:
+    return torch.remainder(x + math.pi, 2.0 * math.pi) - math.pi
+
+
+def _metrics(
+    model, ref, names, settings, q_log, effort_log, assist_log, cforce_log, skate_log, pen_log, nonfinite, cur_idx
+) -> TrackingResult:
+    dev, dt_ = model.device, model.dtype
+    steps, w, _ = q_log.shape
+    counts = ref.clip_step_count
+    valid = torch.arange(steps, device=dev)[:, None] < counts[None, :]  # [K, W]
+    idx = cur_idx  # reference row of each (step, world)
+    nb = model.num_bodies
+    j0 = _first_joint_dof(model)
+    body_err = torch.zeros(steps, w, nb, dtype=dt_, device=dev)
+    dof_err = torch.zeros(steps, w, model.nv - j0, dtype=dt_, device=dev)
+    root_err = torch.zeros(steps, w, 3, dtype=dt_, device=dev)
+    heading = torch.zeros(steps, w, dtype=dt_, device=dev)
+    sim_lim = torch.zeros(steps, w, dtype=dt_, device=dev)
+    chunk = max(int(settings.chunk_frames) // max(w, 1), 1)
+    scalar = model.scalar_dof
+    for s in range(0, steps, chunk):
+        e = min(s + chunk, steps)
+        q = q_log[s:e].reshape(-1, model.nq)
+        rows = idx[s:e].reshape(-1)
+        qr = ref.q_raw[rows]
+        pos, quat = link_transforms(model, q)
+        body_err[s:e] = torch.linalg.vector_norm(pos - ref.body_pos[rows], dim=-1).reshape(e - s, w, nb)
+        diff = model.layout.difference(qr, q)
+        dof_err[s:e] = diff[:, j0:].abs().reshape(e - s, w, -1)
+        root_err[s:e] = (pos[:, 0] - ref.body_pos[rows, 0]).reshape(e - s, w, 3)
+        if model.layout.free_root:
+            heading[s:e] = _wrap(_yaw(q[:, 3:7]) - _yaw(qr[:, 3:7])).reshape(e - s, w)
+        qs = q[:, model.scalar_q]
+        viol = torch.maximum(qs - model.upper, model.lower - qs).clamp(min=0.0) * scalar
+        sim_lim[s:e] = (viol.amax(-1) if viol.shape[-1] else torch.zeros_like(qs[:, 0])).reshape(e - s, w)
+    rows = idx.reshape(-1)
+    qr = ref.q_raw[rows][:, model.scalar_q]
+    rviol = torch.maximum(qr - model.upper, model.lower - qr).clamp(min=0.0) * scalar
+    ref_lim = (rviol.amax(-1) if rviol.shape[-1] else torch.zeros_like(qr[:, 0])).reshape(steps, w)
+    ffr = (
+        (ref.feedforward[rows][:, j0:].abs() / model.effort_limit[j0:]).amax(-1).reshape(steps, w)
+        if model.nv > j0
+        else torch.zeros(steps, w, dtype=dt_, device=dev)
+    )
+    rw, uw = ref.residual_wrench[rows], ref.unsupported_wrench[rows]
+    if model.nv > j0:
+        ratio = (ref.feedforward[rows][:, j0:].abs() / model.effort_limit[j0:]).reshape(steps, w, -1)
+        ratio = torch.where(valid[..., None], ratio, torch.full_like(ratio, math.nan))
+        ff_dof = torch.nanquantile(ratio.to(torch.float64), 0.95, dim=0).nan_to_num(0.0, posinf=math.inf)
+    else:
+        ff_dof = torch.zeros(w, 0, dtype=torch.float64, device=dev)
+    root_h = ref.body_pos[rows, 0, 2].reshape(steps, w) - model.contact.ground_height
+
+    def out(x):  # [K, W, ...] -> numpy [W, K, ...], zero where invalid
+        v = valid.reshape(valid.shape + (1,) * (x.ndim - 2))
+        return torch.where(v, x, torch.zeros_like(x)).transpose(0, 1).detach().cpu().numpy()
+
+    def per(x):
+        return x.reshape(steps, w, *x.shape[1:])
+
+    # the contact-speed skating of the simulation is measured between steps k and k+1; the last step has none
+    layout = model.layout
+    dof_names = layout.dof_names[j0:]
+    return TrackingResult(
+        dt=settings.dt,
+        clip_names=tuple(names),
+        clip_step_count=counts.cpu().numpy(),
+        settings=settings,
+        total_mass=model.total_mass,
+        body_names=tuple(layout.body_names),
+        dof_names=tuple(dof_names),
+        contact_body_names=tuple(layout.body_names[int(b)] for b in ref.contact_bodies.cpu()),
+        valid=valid.transpose(0, 1).cpu().numpy(),
+        body_error=out(body_err),
+        body_error_mean=out(body_err.mean(-1)),
+        body_error_max=out(body_err.amax(-1)),
+        dof_error=out(dof_err),
+        root_error=out(torch.linalg.vector_norm(root_err, dim=-1)),
+        root_horizontal_error=out(torch.linalg.vector_norm(root_err[..., :2], dim=-1)),
+        root_height_error=out(root_err[..., 2]),
+        heading_error=out(heading),
+        reference_limit_violation=out(ref_lim),
+        sim_limit_violation=out(sim_lim),
+        effort_ratio=out(effort_log),
+        feedforward_ratio=out(ffr),
+        residual_force=out(per(torch.linalg.vector_norm(rw[:, :3], dim=-1))),
+        residual_torque=out(per(torch.linalg.vector_norm(rw[:, 3:], dim=-1))),
+        unsupported_force=out(per(torch.linalg.vector_norm(uw[:, :3], dim=-1))),
+        unsupported_torque=out(per(torch.linalg.vector_norm(uw[:, 3:], dim=-1))),
+        reference_contact_height=out(per(ref.contact_height[rows])),
+        reference_contact_speed=out(per(ref.contact_speed[rows])),
+        reference_contact_force=out(per(ref.contact_force[rows])),
+        sim_contact_force=out(cforce_log),
+        sim_skating_speed=out(skate_log),
+        sim_penetration=out(pen_log),
+        assist_force=out(assist_log[..., 0]),
+        assist_torque=out(assist_log[..., 1]),
+        reference_root_height=out(root_h),
+        feedforward_ratio_by_dof=ff_dof.cpu().numpy(),
+        nonfinite=nonfinite.cpu().numpy(),
+    )
