@@ -119,17 +119,23 @@ def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor)
     return raw * model.dof_above + (raw * model.dof_above_strict).transpose(-1, -2)
 
 
-def joint_space_lower(model: Model, applied: Comps, motion_cols: torch.Tensor) -> torch.Tensor:
+def joint_space_lower(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
     """Like :func:`joint_space_product` but only the lower triangle is right (the upper is partly zero):
-    enough for a Cholesky factorisation, which reads the lower triangle only, and one transpose cheaper.
-    Relies on the parent-first DOF order (an ancestor's DOFs come first).
+    enough for a Cholesky factorisation, which reads the lower triangle only. Relies on the parent-first
+    DOF order (an ancestor's DOFs come first).
+
+    The result is a transposed view of a row-major array (column-major storage, LAPACK's layout), so
+    factorising it copies without a transpose.
 
     Args:
         applied: 6 x ``[nv, W]`` as for :func:`joint_space_product`.
-        motion_cols: ``[W, 6, nv]`` DOF motions.
+        motion_rows: ``[W, nv, 6]`` DOF motions.
+    Returns:
+        ``[W, nv, nv]`` (a ``.mT`` view).
     """
-    f = torch.stack(applied, dim=-1).transpose(0, 1).contiguous()  # [W, nv, 6]
-    return torch.bmm(f, motion_cols) * model.dof_below  # [i, j] = s_j . Xc(body i) s_i, body(j) above body(i)
+    f = torch.stack(applied).permute(2, 0, 1).contiguous()  # [W, 6, nv]
+    upper = torch.bmm(motion_rows, f).mul_(model.dof_above)  # [i, j] = s_i . Xc(body j) s_j, body(i) above body(j)
+    return upper.mT
 
 
 def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:

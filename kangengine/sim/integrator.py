@@ -41,7 +41,7 @@ from .control import (
     integrate,
     tangent_difference,
 )
-from .dynamics import _mass_matrix, _rnea, composite, generalized_forces, joint_space_lower, spatial_inertias
+from .dynamics import _rnea, apply_inertia, composite, generalized_forces, joint_space_lower, spatial_inertias
 from .kinematics import body_twists, compute_frames, rows
 from .model import Model, State
 
@@ -126,6 +126,12 @@ class Simulator:
         self._has_couplings = m.coupling_matrix is not None and m.coupling_matrix.shape[0] > 0
         if self._has_couplings:
             self._coupling_t = m.coupling_matrix.t().contiguous()  # [nv, R]
+            # lower-triangle entries (i >= j) touched by some row, and each row's c_i c_j there
+            cm = m.coupling_matrix.detach().cpu().double()
+            outer = torch.einsum("ri,rj->rij", cm, cm).tril()
+            pos = torch.nonzero(outer.abs().sum(0) > 0)
+            self._coupling_pos_t = (pos[:, 1] * m.nv + pos[:, 0]).to(m.device)
+            self._coupling_outer = outer[:, pos[:, 0], pos[:, 1]].to(dtype=m.dtype, device=m.device)  # [R, P]
         # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
         self._diag_const = h * m.damping + h * h * m.spring_stiffness
         self._scalar = m.scalar_dof.to(m.dtype)
@@ -156,9 +162,12 @@ class Simulator:
         w = q.shape[0]
 
         # -- once per step: kinematics, inertia, bias, loads ----------------------------------------------
+        # The dense [W, nv, nv] matrices are the memory-heaviest objects: the Hessian is formed once per
+        # iteration in one product (mass and contact stiffness composited together, lower triangle only,
+        # which is all the Cholesky factorisation reads), and M x products go through the tree instead.
         fr = compute_frames(m, q)
         inertia = spatial_inertias(m, fr)
-        mass = _mass_matrix(m, fr, inertia)
+        inertia_dof = composite(m, inertia)  # subtree inertias per DOF, 10 x [nv, W]
         twists = []
         force = -_rnea(m, fr, inertia, qd, None, twists_out=twists)  # generalized force at zero acceleration
         if control.tau_external is not None:
@@ -178,31 +187,40 @@ class Simulator:
             offset, depth0 = geo.offset, geo.depth
             tw = twists[0] if pinned is None else body_twists(m, s, v.t().contiguous())
             u = point_velocities(m, tw, offset)  # linear in v: updated below, never recomputed
+        else:
+            mass_lower = joint_space_lower(m, apply_inertia(inertia_dof, s), fr.motion_rows)
         # M (v - qd), kept up to date below
-        mvq = torch.zeros_like(qd) if pinned is None else torch.matmul(mass, (v - qd)[..., None])[..., 0]
+        if pinned is None:
+            mvq = torch.zeros_like(qd)
+        else:
+            dvq = v - qd
+            mvq = self._mass_times(inertia, s, body_twists(m, s, dvq.t().contiguous()), dvq)
 
         for _ in range(self.iterations):
             grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
             grad = grad + mvq - h * force
-            hess = mass + torch.diag_embed(hdiag)
-            coup_active = None
-            if self._has_couplings:
-                cgrad, chess, coup_active = self._coupling_terms(v, qs)
-                grad = grad + cgrad
-                hess = hess + chess
             cterms = None
             if self._has_contact:
                 cg, feats, cterms = self._contact_terms(u, depth0, offset)
                 grad = grad - h * generalized_forces(m, s, cg)
-                # lower triangle only: the Cholesky factorisation below reads nothing else
-                hess = hess + joint_space_lower(m, apply_point_stiffness(composite(m, feats), s), fr.motion_cols)
+                comp = composite(m, feats)
+                joint = tuple(a + b for a, b in zip(inertia_dof, comp[:10])) + comp[10:]
+                hess = joint_space_lower(m, apply_point_stiffness(joint, s), fr.motion_rows)
+            else:
+                hess = mass_lower.clone(memory_format=torch.preserve_format)
+            hess.diagonal(dim1=-2, dim2=-1).add_(hdiag + m.armature)
+            coup_active = None
+            if self._has_couplings:
+                cgrad, coup_active = self._coupling_terms(v, qs, hess)
+                grad = grad + cgrad
             if pinned is not None:
                 grad = grad * free
                 hess = hess * free[:, :, None] * free[:, None, :] + pin_eye
             chol, _ = torch.linalg.cholesky_ex(hess)
             dv = -torch.cholesky_solve(grad[..., None], chol)[..., 0]
-            mdv = torch.matmul(mass, dv[..., None])[..., 0]
-            du = point_velocities(m, body_twists(m, s, dv.t().contiguous()), offset) if self._has_contact else None
+            tw_dv = body_twists(m, s, dv.t().contiguous())
+            mdv = self._mass_times(inertia, s, tw_dv, dv)
+            du = point_velocities(m, tw_dv, offset) if self._has_contact else None
             if self._line_search:
                 alpha = self._step_length(
                     v,
@@ -319,8 +337,15 @@ class Simulator:
         hdiag = hdiag + h * b * torch.clamp(effort / torch.clamp(ax, min=1e-30), max=1.0)
         return grad, hdiag, lim_active
 
-    def _coupling_terms(self, v, qs):
-        """Gradient, (dense, rank-R) Hessian and activity of the joint-space coupling rows at ``v``."""
+    def _mass_times(self, inertia, s, twists, x):
+        """``M x`` through the tree (no dense matrix): ``sum_b J_b^T I_b (J_b x) + armature x``, given the
+        body twists of ``x``."""
+        m = self.model
+        return generalized_forces(m, s, apply_inertia(inertia, twists)) + m.armature * x
+
+    def _coupling_terms(self, v, qs, hess):
+        """Gradient and activity of the joint-space coupling rows at ``v``; their rank-R Hessian is added
+        in place to the lower triangle of ``hess`` (a few entries per row)."""
         m, h = self.model, self.dt
         ln = (qs + h * v) @ self._coupling_t  # [W, R] values at the end of the step
         rate = v @ self._coupling_t
@@ -330,8 +355,9 @@ class Simulator:
         force = h * (m.coupling_stiffness * (over - under) + m.coupling_damping * act * rate)
         grad = force @ m.coupling_matrix
         weight = (h * h * m.coupling_stiffness + h * m.coupling_damping) * act  # [W, R]
-        hess = torch.matmul(self._coupling_t * weight[:, None, :], m.coupling_matrix)
-        return grad, hess, act
+        # hess is a transposed view: its (i, j) entry lives at j * nv + i of the underlying array
+        hess.mT.reshape(hess.shape[0], -1).index_add_(1, self._coupling_pos_t, weight @ self._coupling_outer)
+        return grad, act
 
     def _contact_terms(self, u, depth0, offset):
         """Contact forces at the current iterate (as body forces) and the stiffness features of the

@@ -41,7 +41,6 @@ class Frames:
         motion: 6 x ``[nv, W]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
             DOF rate, world axes.
         motion_rows: ``[W, nv, 6]`` the same, world-major (for the joint-space products).
-        motion_cols: ``[W, 6, nv]`` its transpose (contiguous).
     """
 
     origin: Comps
@@ -50,7 +49,6 @@ class Frames:
     body_quat: torch.Tensor
     motion: Comps
     motion_rows: torch.Tensor
-    motion_cols: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +158,6 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
         body_quat=body_quat,
         motion=motion,
         motion_rows=motion_rows,
-        motion_cols=motion_rows.transpose(1, 2).contiguous(),
     )
 
 
