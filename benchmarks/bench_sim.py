@@ -5,7 +5,7 @@ on the same model with the same PD gains (position servos, implicitfast) measure
 Ours steps at h = 1/60 s (implicit: stable at control rates); MuJoCo at the model's own 5 ms step and
 also at 1/60 s. Both ratios are printed: per environment step, and per simulated second.
 
-    python benchmarks/bench_sim.py [--worlds 1,64,1024] [--threads N] [--iterations 2] [--compile]
+    python benchmarks/bench_sim.py [--worlds 1,64,1024] [--threads 1] [--iterations 2] [--compile]
 """
 
 from __future__ import annotations
@@ -78,7 +78,13 @@ def ours_rate(model, n: int, seconds: float, iterations: int, compile_step: bool
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", default="1,64,1024")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1, like mujoco.rollout's one thread; on a dedicated "
+        f"machine try {os.cpu_count()}; on a shared one, threads contend)",
+    )
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
