@@ -515,3 +515,25 @@ def test_fixed_tendon_limit_and_mimic_joint(tmp_path):
     q = st.q[0].numpy()
     np.testing.assert_allclose(q[0] + q[1], 0.4 + 3.0 / k, rtol=1e-6)  # tendon length beyond its upper end
     np.testing.assert_allclose(q[2], 0.1 - 2.0 * q[0], atol=2e-4)  # mimic: j3 = -2 j1 + 0.1
+
+
+def test_collapsing_humanoid_comes_to_rest_on_the_ground():
+    """No drives: thrown humanoids fall, hit the ground with many contacts at once, and come to rest
+    without blowing up: bounded penetration, the ground carries the weight, kinetic energy ~ 0."""
+    desc = MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml"))
+    model = _model(desc, dtype=torch.float32)
+    sim = Simulator(model, dt=1 / 60)
+    st = State.neutral(model, 2)
+    qd = st.qd.clone()
+    qd[:, 0] = torch.tensor([1.0, -1.0])
+    qd[:, 4] = torch.tensor([3.0, -2.0])  # tumbling
+    st = State.from_q(model, st.q, qd)
+    worst = 0.0
+    for _ in range(300):
+        res = sim.step(st)
+        st = res.state
+        worst = max(worst, float(res.contact_depth.max()))
+    assert not bool(st.frozen.any()) and bool(torch.isfinite(st.q).all())
+    assert worst < 0.05 and float(st.q[:, 2].max()) < 0.3  # lying on the ground
+    np.testing.assert_allclose(res.contact_normal_force.sum(-1).numpy(), model.total_mass * 9.81, rtol=0.01)
+    assert float(ke.sim.kinetic_energy(model, st.q, st.qd).max()) < 0.1
