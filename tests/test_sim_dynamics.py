@@ -87,6 +87,10 @@ def test_joint_frames_match_mujoco_anchor_and_axis(rel):
             if b.axis is not None:
                 axis = R.quat_rotate(frames.joint_rotations_wxyz[i, k].numpy(), np.array(b.axis))
                 np.testing.assert_allclose(axis, d.xaxis[k], atol=1e-12)
+                np.testing.assert_allclose(frames.dof_axes[i, b.qd_offset].numpy(), d.xaxis[k], atol=1e-12)
+            elif b.joint_type is JointType.BALL:  # the three axes of the parent-side joint frame
+                frame = R.quat_to_matrix(frames.joint_rotations_wxyz[i, k].numpy())
+                np.testing.assert_allclose(frames.dof_axes[i, b.qd_slice].numpy(), frame.T, atol=1e-12)
 
 
 @pytest.mark.parametrize("rel", DYN_MODELS)
