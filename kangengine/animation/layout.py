@@ -273,32 +273,6 @@ class ArticulationCoordinateLayout:
                 q[b.q_offset] = b.ref
         return q
 
-    # -- index arrays for the manifold maps ---------------------------------------------------------
-    @cached_property
-    def _index(self) -> dict:
-        sq, sv, rq, rv, tq, tv = [], [], [], [], [], []
-        for b in self.blocks:
-            if b.joint_type in (JointType.HINGE, JointType.SLIDE):
-                sq.append(b.q_offset)
-                sv.append(b.qd_offset)
-            elif b.joint_type is JointType.BALL:
-                rq.append(range(b.q_offset, b.q_offset + 4))
-                rv.append(range(b.qd_offset, b.qd_offset + 3))
-            elif b.joint_type is JointType.FREE:
-                tq.append(range(b.q_offset, b.q_offset + 3))
-                tv.append(range(b.qd_offset, b.qd_offset + 3))
-                rq.append(range(b.q_offset + 3, b.q_offset + 7))
-                rv.append(range(b.qd_offset + 3, b.qd_offset + 6))
-        sq += [i for r in tq for i in r]
-        sv += [i for r in tv for i in r]
-        as_arr = lambda x, shape: np.array(x, dtype=np.int64).reshape(shape)
-        return {
-            "vec_q": as_arr(sq, (-1,)),
-            "vec_v": as_arr(sv, (-1,)),
-            "rot_q": as_arr([list(r) for r in rq], (-1, 4)),
-            "rot_v": as_arr([list(r) for r in rv], (-1, 3)),
-        }
-
     def _check(self, name, x, n):
         if x.shape[-1] != n:
             raise ShapeError(
@@ -479,14 +453,6 @@ def _signature(names, parents, rest_p, rest_r, blocks, free_root) -> str:
 
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
-
-
-def _indices(ix: dict, like) -> dict:
-    if _is_torch(like):
-        import torch
-
-        return {k: torch.as_tensor(v, device=like.device) for k, v in ix.items()}
-    return ix
 
 
 def _as_dt(dt, like):

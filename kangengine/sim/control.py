@@ -160,37 +160,6 @@ def friction_force(v, *, coulomb, viscous=0.0, falloff_vel=1e-3, stiction_extra=
     return -(viscous * v + dry)
 
 
-# -- manifold maps with precomputed indices (no host transfers inside a step) ----------------------------
-
-
-def tangent_difference(model: Model, q1: torch.Tensor, q0: torch.Tensor) -> torch.Tensor:
-    """``[W, nv]``: the layout's ``difference(q1, q0)`` with the model's index tensors."""
-    from .. import rotations as R
-
-    out = torch.zeros(q0.shape[0], model.nv, dtype=q0.dtype, device=q0.device)
-    if model.vec_q.numel():
-        out[:, model.vec_v] = q1[:, model.vec_q] - q0[:, model.vec_q]
-    if model.rot_q.numel():
-        a = q1[:, model.rot_q]
-        b = q0[:, model.rot_q]
-        rel = R.quat_multiply(a, R.quat_conjugate(b))
-        out[:, model.rot_v] = R.quat_to_rotvec(rel)
-    return out
-
-
-def integrate(model: Model, q: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
-    """``[W, nq]``: the layout's ``integrate(q, v, dt)`` (rotations ``exp(w dt) * quat``, normalised)."""
-    from .. import rotations as R
-
-    out = q.clone()
-    if model.vec_q.numel():
-        out[:, model.vec_q] = q[:, model.vec_q] + v[:, model.vec_v] * dt
-    if model.rot_q.numel():
-        w = v[:, model.rot_v] * dt
-        out[:, model.rot_q] = R.quat_normalize(R.quat_multiply(R.quat_from_rotvec(w), q[:, model.rot_q]))
-    return out
-
-
 def huber(x: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
     """``int_0^x clamp(s, -limit, limit) ds``: quadratic inside the limit, linear outside."""
     ax = x.abs()

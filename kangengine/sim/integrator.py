@@ -38,8 +38,6 @@ from .control import (
     _phi_derivative_over_x,
     friction_phi,
     huber,
-    integrate,
-    tangent_difference,
 )
 from .dynamics import _rnea, apply_inertia, composite, generalized_forces, joint_space_lower, spatial_inertias
 from .kinematics import body_twists, compute_frames, rows
@@ -264,7 +262,7 @@ class Simulator:
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
-        q_new = integrate(m, q, v, h)
+        q_new = m.layout.integrate(q, v, h)
         finite = torch.isfinite(q_new).all(-1) & torch.isfinite(v).all(-1)
         frozen = state.frozen | ~finite
         newly = frozen & ~state.frozen
@@ -291,7 +289,7 @@ class Simulator:
         kp = kp.expand(w, -1)
         kd = kd.expand(w, -1)
         if control.q_target is not None:
-            a = kp * tangent_difference(m, control.q_target, q)
+            a = kp * m.layout.difference(control.q_target, q)
             b = h * kp + kd
         else:
             a = torch.zeros(w, m.nv, dtype=m.dtype, device=m.device)

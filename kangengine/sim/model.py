@@ -181,10 +181,6 @@ class Model:
     frame_t: torch.Tensor
     scalar_dof: torch.Tensor
     scalar_q: torch.Tensor
-    vec_q: torch.Tensor
-    vec_v: torch.Tensor
-    rot_q: torch.Tensor
-    rot_v: torch.Tensor
     contact_point_body: torch.Tensor
     contact_point_local: torch.Tensor
     contact_point_local_t: tuple
@@ -423,8 +419,6 @@ class Model:
         fr = friction_params
         stiction = np.where(fric > 0, fr.stiction_extra, 0.0)
 
-        # -- manifold index arrays -----------------------------------------------------------------------
-        ix = layout._index
 
         # -- contact points ------------------------------------------------------------------------------
         cdata = _contact_points(desc, contact)
@@ -486,10 +480,6 @@ class Model:
             frame_t=t(frame.T),
             scalar_dof=torch.as_tensor(scalar, device=device),
             scalar_q=ti(scalar_q),
-            vec_q=ti(ix["vec_q"]),
-            vec_v=ti(ix["vec_v"]),
-            rot_q=ti(ix["rot_q"]),
-            rot_v=ti(ix["rot_v"]),
             contact_point_body=ti(cdata["point_body"]),
             contact_point_local=t(cdata["local"]).reshape(-1, 3),
             contact_point_local_t=tuple(t(cdata["local"][:, k : k + 1]) for k in range(3)),
