@@ -6,6 +6,8 @@
 ``kangengine convert MODEL CLIP... --config NAME --out DIR`` retargets and maps clips onto the model, one
 articulation-motion ``.npz`` per clip, resumable, bad clips listed (``--example``: the shipped CMU walk onto
 the shipped CMU humanoid).
+``kangengine validate MODEL CLIP... --out DIR`` tracks every clip in the simulator and writes a per-clip JSON
+report with a verdict, PNG plots and ``summary.csv`` (resumable, bad clips listed).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import KangEngineError
+from .errors import FormatError, KangEngineError
 
 __all__ = ["main", "describe_model", "describe_clip"]
 
@@ -140,6 +142,77 @@ def _convert(args) -> int:
     return 1 if report.failed else 0
 
 
+def _load_for_validation(path: Path, layout, desc, config, mapper):
+    """An ArticulationMotion from an articulation ``.npz`` (``kangengine convert``) or, with a retarget
+    configuration, from any motion file (load -> retarget -> map, clamped to the joint limits)."""
+    from ._files import load_npz
+    from .animation import load_articulation_motion_npz, retarget_motion
+    from .io import load_motion
+
+    if path.suffix.lower() == ".npz":
+        z = load_npz(path, kind="motion")
+        if str(z.get("format", "")) == "kangengine.articulation_motion":
+            return load_articulation_motion_npz(path, layout)
+    if config is None:
+        raise FormatError(
+            "is not an articulation motion (.npz from `kangengine convert`); give --config to retarget it", path=path
+        )
+    moved = retarget_motion(load_motion(path), config, desc)
+    return mapper.to_articulation_motion(moved.motion, clamp_to_limits=True).motion
+
+
+def _validate(args) -> int:
+    import hashlib
+    import os
+    import warnings
+
+    import torch
+
+    from .animation import ArticulationCoordinateLayout, ArticulationMotionMapper
+    from .asset import load
+    from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+    from .sim import Model, TrackingSettings, validate
+
+    model_path, clips, config = args.model, list(args.clips), args.config
+    if args.example:
+        model_path, clips = str(data_path(CMU_HUMANOID_MJCF)), [str(data_path(CMU_WALK_BVH))] + clips
+        config = config or "cmu_bvh_to_cmu_humanoid"
+    if model_path is None or not clips:
+        print("kangengine validate: give MODEL and CLIP... (or --example)", file=sys.stderr)
+        return 2
+    desc = load(model_path, order=args.order)
+    layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=not args.fixed_root)
+    dtype = torch.float64 if args.float64 else torch.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Model.from_desc(desc, layout, device=args.device, dtype=dtype)
+    mapper = ArticulationMotionMapper(layout)
+    stems = [Path(c).stem for c in clips]
+    motions, skipped = {}, {}
+    for c, stem in zip(clips, stems):
+        name = stem if stems.count(stem) == 1 else f"{stem}-{hashlib.sha256(os.fsencode(c)).hexdigest()[:8]}"
+        try:
+            motions[name] = _load_for_validation(Path(c), layout, desc, config, mapper)
+        except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
+            skipped[name] = f"{c}: {type(exc).__name__}: {exc}"
+    settings = TrackingSettings(dt=args.dt, root_assist_frequency_hz=args.root_assist_hz)
+    result = validate(
+        model,
+        motions,
+        out_dir=args.out,
+        settings=settings,
+        plots=not args.no_plots,
+        resume=not args.overwrite,
+        batch_size=args.batch_size,
+        skipped=skipped,
+    )
+    clips_out = [{"clip": r.name, "verdict": r.verdict.value, "reasons": list(r.reason_codes)} for r in result.reports]
+    skipped_out = [{"clip": s.name, "error": s.error} for s in result.skipped]
+    report = {"summary": result.summary_path, "counts": result.counts(), "clips": clips_out, "skipped": skipped_out}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kangengine", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +236,22 @@ def main(argv=None) -> int:
     conv.add_argument("--overwrite", action="store_true", help="redo clips whose output is up to date")
     conv.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     conv.set_defaults(func=_convert)
+    val = sub.add_parser("validate", help="track clips in physics: per-clip JSON report, plots, summary.csv")
+    val.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
+    val.add_argument("clips", nargs="*", help="articulation .npz (kangengine convert) or motion files with --config")
+    val.add_argument("--config", help="retarget configuration for motion files (e.g. cmu_bvh_to_cmu_humanoid)")
+    val.add_argument("--out", default="kangengine_validation", help="output folder (default ./kangengine_validation)")
+    val.add_argument("--example", action="store_true", help="the shipped CMU walk on the shipped CMU humanoid")
+    val.add_argument("--dt", type=float, default=1 / 60, help="simulator step in seconds (default 1/60)")
+    val.add_argument("--root-assist-hz", type=float, default=0.0, help="root assistance frequency (default 0: off)")
+    val.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    val.add_argument("--float64", action="store_true", help="simulate in float64 (default float32)")
+    val.add_argument("--batch-size", type=int, default=64, help="clips simulated together (default 64)")
+    val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    val.add_argument("--overwrite", action="store_true", help="redo clips whose report is up to date")
+    val.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
+    val.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
+    val.set_defaults(func=_validate)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

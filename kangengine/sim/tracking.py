@@ -529,9 +529,10 @@ def prepare_reference(
         q = _smooth(layout, raw, settings.smoothing_s / dt)
         v = np.zeros((q.shape[0], layout.nv))
         v[1:] = layout.difference(q[1:], q[:-1], dt)
-        v[0] = v[1]
+        v[0] = 2.0 * v[1] - v[2] if q.shape[0] > 2 else v[1]  # extrapolated: the first step's a equals the next
         acc = np.zeros_like(v)
         acc[:-1] = (v[1:] - v[:-1]) / dt
+        acc[-1] = acc[-2]
         q_trk.append(q)
         q_raw.append(raw)
         v_all.append(v)
