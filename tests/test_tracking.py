@@ -210,6 +210,10 @@ def test_residual_wrench_of_free_fall_is_zero_and_of_hovering_is_the_weight(cmu_
     np.testing.assert_allclose(w_hover[:, 3:], np.broadcast_to(torque, (n, 3)), rtol=1e-9, atol=1e-9)
     # no contact point near the ground: nothing is explained by contact
     np.testing.assert_allclose(ref.unsupported_wrench[:n].numpy(), w_hover, atol=1e-9)
+    # the default smoothing (ends continued by a constant-acceleration fit) keeps both exact, ends included
+    smooth = ke.sim.prepare_reference(model, [hover, fall], TrackingSettings(dt=1 / 64))
+    np.testing.assert_allclose(smooth.residual_wrench[n : 2 * n].numpy(), 0.0, atol=1e-9 * mg)
+    np.testing.assert_allclose(smooth.residual_wrench[:n].numpy(), w_hover, rtol=1e-9, atol=1e-9)
 
 
 def test_hovering_and_falling_through_track_and_validate(model, layout):

@@ -601,7 +601,9 @@ def _input_hash(
     model_fp: str, motion: ArticulationMotion, settings: TrackingSettings, thresholds: ValidationThresholds
 ) -> str:
     h = hashlib.sha256()
-    h.update(f"{REPORT_FORMAT}|{REPORT_VERSION}|{model_fp}".encode())
+    from .. import __version__
+
+    h.update(f"{REPORT_FORMAT}|{REPORT_VERSION}|{__version__}|{model_fp}".encode())
     h.update(np.ascontiguousarray(motion.q).tobytes())
     h.update(np.ascontiguousarray(motion.qd).tobytes())
     h.update(repr(float(motion.fps())).encode())

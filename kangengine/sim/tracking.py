@@ -413,20 +413,43 @@ def _resample(layout, motion: ArticulationMotion, dt: float) -> np.ndarray:
     return layout.interpolate(q[i0], q[i0 + 1], a)
 
 
+def _extend(layout, q: np.ndarray, pad: int, fit: int) -> np.ndarray:
+    """``pad`` frames before the first and after the last, continuing a least-squares quadratic fitted in
+    the tangent space to the ``fit`` frames at each end (a constant-acceleration motion continues exactly),
+    so that smoothing does not bend the clip's ends."""
+    n = q.shape[0]
+    m = min(fit, n)
+    j = np.arange(m, dtype=np.float64)
+    design = np.stack([j, j * j], axis=1)  # offsets from the end frame: b j + c j^2 (zero at j = 0)
+    out = []
+    for end in (q[:m], q[::-1][:m]):  # the start, and the end read backwards
+        d = layout.difference(end, np.broadcast_to(end[0], end.shape))  # [m, nv]
+        coef, *_ = np.linalg.lstsq(design, d, rcond=None)  # [2, nv]
+        k = np.arange(1, pad + 1, dtype=np.float64)[:, None]
+        # frames beyond the end, going outwards: j = -k
+        ext = layout.integrate(np.broadcast_to(end[0], (pad, q.shape[1])), -k * coef[0] + k * k * coef[1])
+        out.append(ext)
+    before, after = out[0][::-1], out[1]
+    return np.concatenate([before, q, after])
+
+
 def _smooth(layout, q: np.ndarray, sigma_steps: float) -> np.ndarray:
-    """Gaussian smoothing in the tangent space around each frame (edges replicated)."""
+    """Gaussian smoothing in the tangent space around each frame; the clip is extended beyond its ends by
+    a fitted constant-acceleration motion first (:func:`_extend`)."""
     if sigma_steps <= 0 or q.shape[0] < 3:
         return q
     rad = int(math.ceil(3.0 * sigma_steps))
     off = np.arange(-rad, rad + 1)
     w = np.exp(-0.5 * (off / sigma_steps) ** 2)
     w /= w.sum()
-    k = np.arange(q.shape[0])
-    acc = np.zeros((q.shape[0], layout.nv))
+    n = q.shape[0]
+    qe = _extend(layout, q, rad, 2 * rad + 1)
+    k = np.arange(n) + rad
+    acc = np.zeros((n, layout.nv))
     for o, wo in zip(off, w):
         if o == 0:
             continue
-        acc += wo * layout.difference(q[np.clip(k + o, 0, q.shape[0] - 1)], q)
+        acc += wo * layout.difference(qe[k + o], q)
     return layout.integrate(q, acc)
 
 

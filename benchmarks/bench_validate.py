@@ -1,0 +1,105 @@
+"""Validation throughput on CPU: clip-seconds validated per wall-second by ``ke.sim.validate`` for 64
+real-length clips on the CMU humanoid, and the share of the time spent simulating vs bookkeeping
+(reference preparation and contact fit, metrics, reports, plots).
+
+The clips are real CMU mocap (``../shared/data/bvh/cmu``: 02_01 walk, 01_01 hops), retargeted with
+``cmu_bvh_to_cmu_humanoid`` and mapped once (not timed), then cropped into 64 clips of 3 to 12 s at
+different offsets (and the whole walk), as a dataset of CMU-length clips. All 64 run as one batch (one
+world per clip, padded to the longest). The baseline, measured in the same run, validates a few of the
+same clips one at a time (one world each), as a per-clip loop would; the ratio compares clip-seconds per
+wall-second.
+
+    python benchmarks/bench_validate.py [--clips 64] [--baseline-clips 2] [--plots] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+
+import torch
+from _common import DATA
+
+import kangengine as ke
+
+SETTINGS = ke.sim.TrackingSettings(root_assist_frequency_hz=1.0)  # docs/tracking.md: the walk's settings
+
+
+def _mapped(desc, layout, name):
+    bvh = ke.io.load_bvh(DATA / "bvh" / "cmu" / name)
+    moved = ke.animation.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
+    return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved, clamp_to_limits=True).motion
+
+
+def _dataset(walk, hops, count):
+    """``count`` clips: the whole walk every eighth clip, else crops of the hops clip (22.9 s) of 3 to 12 s."""
+    fps = hops.fps()
+    lengths = (3.0, 4.5, 6.0, 8.0, 10.0, 12.0)
+    clips = {}
+    for i in range(count):
+        if i % 8 == 0:
+            clips[f"02_01_walk_{i:02d}"] = walk
+            continue
+        seconds = lengths[i % len(lengths)]
+        n = int(seconds * fps)
+        start = int((i * 1.37 * fps) % max(hops.num_frames - n, 1))
+        clips[f"01_01_hops_{i:02d}_{start}"] = hops[start : start + n]
+    return clips
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clips", type=int, default=64)
+    ap.add_argument("--baseline-clips", type=int, default=2)
+    ap.add_argument("--plots", action="store_true", help="also write the PNG plots")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    desc = ke.asset.MJCFLoader.load(DATA / "mjcf" / "dm_control" / "humanoid_CMU.xml")
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ke.sim.Model.from_desc(desc, layout, dtype=torch.float32)
+    t0 = time.perf_counter()
+    walk = _mapped(desc, layout, "02_01_cgspeed_walk.bvh")
+    hops = _mapped(desc, layout, "01_01_cgspeed_hops_long.bvh")
+    prep = time.perf_counter() - t0
+    clips = _dataset(walk, hops, args.clips)
+    seconds = sum(c.duration for c in clips.values())
+    print(
+        f"threads {torch.get_num_threads()}, dt {SETTINGS.dt:.4g} s, {len(clips)} clips, {seconds:.1f} clip-seconds "
+        f"(longest {max(c.duration for c in clips.values()):.1f} s); retarget + map of the sources {prep:.1f} s"
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        res = ke.sim.validate(model, clips, out_dir=tmp, settings=SETTINGS, plots=args.plots, batch_size=len(clips))
+        wall = time.perf_counter() - t0
+        tm = res.timings
+        book = wall - tm["simulation"]
+        rate = seconds / wall
+        print(
+            f"batched:  {wall:.1f} s wall, {rate:.2f} clip-s per wall-s; simulation {tm['simulation']:.1f} s "
+            f"({tm['simulation'] / wall:.0%}), bookkeeping {book:.1f} s ({book / wall:.0%}: setup {tm['setup']:.1f}, "
+            f"metrics {tm['metrics']:.1f}, reports {tm['reports']:.1f}, plots {tm['plots']:.1f})"
+        )
+        print(f"verdicts: {res.counts()}")
+
+        base_clips = dict(list(clips.items())[1 : 1 + args.baseline_clips])
+        base_seconds = sum(c.duration for c in base_clips.values())
+        t0 = time.perf_counter()
+        ke.sim.validate(model, base_clips, out_dir=f"{tmp}/base", settings=SETTINGS, plots=args.plots, batch_size=1)
+        base_wall = time.perf_counter() - t0
+        base_rate = base_seconds / base_wall
+        print(
+            f"one clip at a time ({len(base_clips)} clips, {base_seconds:.1f} clip-s): {base_rate:.2f} clip-s per "
+            f"wall-s"
+        )
+    print(f"ratio batched / one at a time: {rate / base_rate:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
