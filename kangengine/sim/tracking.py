@@ -801,15 +801,28 @@ def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
     pos, quat = link_transforms(model, q)
     pts = _contact_points(model, pos, quat)
     pb = model.contact_point_body
-    jac = link_jacobians(model, q)[:, pb]  # [W, C, 6, nv]
-    lever = pts - pos[:, pb]
-    jp = jac[..., :3, :] - torch.linalg.cross(lever[..., None].expand(-1, -1, -1, model.nv), jac[..., 3:, :], dim=2)
-    jr, jj = jp[..., :j0], jp[..., j0:]
-    sw = share[..., None, None]
-    h = torch.einsum("wciu,wciv->wuv", jj * sw, jj)
+    lever = pts - pos[:, pb]  # [W, C, 3] from each point's link origin
+    # per link: sum_i w_i P_i^T P_i with P_i = [I, -[l_i]x] (point velocity from the link twist (v, w))
+    nb = model.num_bodies
+    s0 = torch.zeros(w, nb, dtype=q.dtype, device=q.device).index_add_(1, pb, share)
+    s1 = torch.zeros(w, nb, 3, dtype=q.dtype, device=q.device).index_add_(1, pb, share[..., None] * lever)
+    ll = share[..., None, None] * lever[..., :, None] * lever[..., None, :]
+    s2 = torch.zeros(w, nb, 3, 3, dtype=q.dtype, device=q.device).index_add_(1, pb, ll)
+    eye3 = torch.eye(3, dtype=q.dtype, device=q.device)
+    x, y, z = s1.unbind(-1)
+    o = torch.zeros_like(x)
+    sk = torch.stack([torch.stack([o, -z, y], -1), torch.stack([z, o, -x], -1), torch.stack([-y, x, o], -1)], -2)
+    s_ang = s2.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None] * eye3 - s2
+    sb = torch.cat([torch.cat([s0[..., None, None] * eye3, -sk], -1), torch.cat([sk, s_ang], -1)], -2)
+    jac = link_jacobians(model, q)  # [W, B, 6, nv]
+    sj = sb @ jac  # [W, B, 6, nv]
+    jj = jac[..., j0:]
+    h = torch.einsum("wbiu,wbiv->wuv", jj, sj[..., j0:])
     h = h + settings.balance_regularization * torch.eye(h.shape[-1], dtype=q.dtype, device=q.device)
-    target = torch.stack([torch.einsum("wciv,wv->wci", jr, e), torch.einsum("wciv,wv->wci", jr, de)], -1)
-    rhs = -torch.einsum("wciu,wcik->wuk", jj * sw, target)
+    target = torch.stack(
+        [torch.einsum("wbiv,wv->wbi", sj[..., :j0], e), torch.einsum("wbiv,wv->wbi", sj[..., :j0], de)], -1
+    )
+    rhs = -torch.einsum("wbiu,wbik->wuk", jj, target)
     chol, _ = torch.linalg.cholesky_ex(h)  # no error check: no host-device synchronisation
     sol = torch.cholesky_solve(rhs, chol)
     gain = settings.balance_gain
