@@ -449,7 +449,8 @@ def summarize(
             spd["joint_speed"],
             th.max_joint_speed,
         )
-    if run * dt > th.max_flight_s:
+    floating_base = model.layout.free_root  # a fixed base hangs from the world: no flight, skating or support
+    if floating_base and run * dt > th.max_flight_s:
         add(
             "floating",
             "reject",
@@ -459,7 +460,7 @@ def summarize(
             th.max_flight_s,
         )
     frac = m["impossible_fraction"]
-    if frac > th.impossible_warn:
+    if floating_base and frac > th.impossible_warn:
         sev = "reject" if frac > th.impossible_reject else "warn"
         add(
             "impossible_dynamics",
@@ -470,7 +471,7 @@ def summarize(
             th.impossible_reject if sev == "reject" else th.impossible_warn,
         )
     sk = m["skating_fraction"]
-    if sk > th.skate_warn:
+    if floating_base and sk > th.skate_warn:
         sev = "reject" if sk > th.skate_reject else "warn"
         add(
             "foot_skating",
