@@ -25,6 +25,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[object], None], *, su
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets the usual mode
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -35,6 +36,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[object], None], *, su
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_npz(path: str | os.PathLike, *, required: tuple[str, ...] = (), kind: str = "npz") -> dict:

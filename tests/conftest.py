@@ -38,8 +38,10 @@ MJCF_BROKEN = [
 def data_file(rel: str) -> Path:
     p = DATA / rel
     if not p.is_file():
-        pytest.fail(f"test data {p} is missing: the tests need ../shared/data beside the repository "
-                    "(or KANGENGINE_TEST_DATA pointing at it)")
+        pytest.fail(
+            f"test data {p} is missing: the tests need ../shared/data beside the repository "
+            "(or KANGENGINE_TEST_DATA pointing at it)"
+        )
     return p
 
 

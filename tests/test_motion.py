@@ -117,3 +117,14 @@ def test_failed_write_keeps_old_file(layout, tmp_path, monkeypatch):
         save_articulation_motion_npz(path, _motion(layout, 10))
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["clip.npz"]
+
+
+def test_written_files_get_the_usual_permissions(layout, tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "clip.npz"
+    save_articulation_motion_npz(path, _motion(layout))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask

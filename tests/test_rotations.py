@@ -234,9 +234,7 @@ def test_rotate_matches_scipy(B, q, v):
 
 def _half_turns():
     """180 degree rotations: axis-aligned, on diagonals, random, and near 180 degrees."""
-    axes = np.array(
-        [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, -1], [1, -1, 1], [-1, 0, 1e-9]], float
-    )
+    axes = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, -1], [1, -1, 1], [-1, 0, 1e-9]], float)
     axes = np.concatenate([axes, np.random.default_rng(5).normal(size=(10, 3))])
     axes = unit(axes)
     angles = np.array([np.pi] * len(axes))
@@ -653,9 +651,7 @@ def test_angular_velocity_analytic(B):
     np.testing.assert_allclose(body[1:-1], body_ref[1:-1], atol=1e-9)
     for out, ref in ((world, w_ref), (body, body_ref)):
         end_err = np.linalg.norm(out[[0, -1]] - ref[[0, -1]], axis=-1)
-        np.testing.assert_allclose(
-            end_err, np.broadcast_to(np.linalg.norm(a, axis=-1) * dt, (2, 3)), rtol=1e-4
-        )
+        np.testing.assert_allclose(end_err, np.broadcast_to(np.linalg.norm(a, axis=-1) * dt, (2, 3)), rtol=1e-4)
     # Changing axis, q(t) = exp(c t) exp(a t^2) q0: w_world = c + R(exp(c t)) (2 a t);
     # central differences are second-order accurate.
     c = rng.normal(size=(3, 3))

@@ -419,7 +419,6 @@ class Model:
         fr = friction_params
         stiction = np.where(fric > 0, fr.stiction_extra, 0.0)
 
-
         # -- contact points ------------------------------------------------------------------------------
         cdata = _contact_points(desc, contact)
         coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
