@@ -393,6 +393,18 @@ class JointFrames:
 
 _STEP_DOFS = {"free": 6, "ball": 3, "hinge": 1, "slide": 1}
 
+def _q_columns(tr: _Tracer) -> Callable[[int], _Sym]:
+    """``qcol(i)``: the symbol of column ``i`` of the chunk ``qt [nq, n]``, loaded once."""
+    cols: dict[int, _Sym] = {}
+
+    def qcol(i: int) -> _Sym:
+        if i not in cols:
+            cols[i] = tr.emit(f"qt[{i}]")
+        return cols[i]
+
+    return qcol
+
+
 _PROGRAMS: OrderedDict[TreePlan, dict[str, Callable]] = OrderedDict()
 _PROGRAMS_MAX = 64  # plans whose traced programs are kept (least recently built dropped first)
 
@@ -427,12 +439,7 @@ class BodyKinematics:
         if fn is None:
             tr = _Tracer()
             ns = _TraceNS(tr)
-            cols: dict[int, _Sym] = {}
-
-            def qcol(i):
-                if i not in cols:
-                    cols[i] = tr.emit(f"qt[{i}]")
-                return cols[i]
+            qcol = _q_columns(tr)
 
             if local:
                 res = [_local_from_steps(self.plan, b, qcol, ns) for b in range(self.plan.num_bodies)]
@@ -542,12 +549,7 @@ class BodyKinematics:
         if fn is None:
             tr = _Tracer()
             ns = _TraceNS(tr)
-            cols: dict[int, _Sym] = {}
-
-            def qcol(i):
-                if i not in cols:
-                    cols[i] = tr.emit(f"qt[{i}]")
-                return cols[i]
+            qcol = _q_columns(tr)
 
             plan = self.plan
             rec: list[list] = [[] for _ in range(plan.num_bodies)]
