@@ -146,8 +146,8 @@ def _load_for_validation(path: Path, layout, desc, config, mapper):
     """An ArticulationMotion from an articulation ``.npz`` (``kangengine convert``) or, with a retarget
     configuration, from any motion file (load -> retarget -> map, clamped to the joint limits)."""
     from ._files import load_npz
-    from .animation import load_articulation_motion_npz, retarget_motion
-    from .io import load_motion
+    from .animation import load_articulation_motion_npz
+    from .datasets.batch import map_clip
 
     if path.suffix.lower() == ".npz":
         z = load_npz(path, kind="motion")
@@ -157,19 +157,17 @@ def _load_for_validation(path: Path, layout, desc, config, mapper):
         raise FormatError(
             "is not an articulation motion (.npz from `kangengine convert`); give --config to retarget it", path=path
         )
-    moved = retarget_motion(load_motion(path), config, desc)
-    return mapper.to_articulation_motion(moved.motion, clamp_to_limits=True).motion
+    return map_clip(path, desc, mapper, config, clamp_to_limits=True)[0].motion
 
 
 def _validate(args) -> int:
-    import hashlib
-    import os
     import warnings
 
     import torch
 
     from .animation import ArticulationCoordinateLayout, ArticulationMotionMapper
     from .asset import load
+    from .datasets.batch import clip_names
     from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
     from .sim import Model, TrackingSettings, validate
 
@@ -187,10 +185,8 @@ def _validate(args) -> int:
         warnings.simplefilter("ignore")
         model = Model.from_desc(desc, layout, device=args.device, dtype=dtype)
     mapper = ArticulationMotionMapper(layout)
-    stems = [Path(c).stem for c in clips]
     motions, skipped = {}, {}
-    for c, stem in zip(clips, stems):
-        name = stem if stems.count(stem) == 1 else f"{stem}-{hashlib.sha256(os.fsencode(c)).hexdigest()[:8]}"
+    for c, name in zip(clips, clip_names(clips)):
         try:
             motions[name] = _load_for_validation(Path(c), layout, desc, config, mapper)
         except Exception as exc:  # a bad clip is listed, never allowed to stop the batch

@@ -24,7 +24,15 @@ import numpy as np
 from .._files import atomic_write
 from ..errors import FormatError
 
-__all__ = ["ConvertOptions", "ClipOutcome", "BatchReport", "convert_clips", "SUMMARY_NAME"]
+__all__ = [
+    "ConvertOptions",
+    "ClipOutcome",
+    "BatchReport",
+    "convert_clips",
+    "clip_names",
+    "map_clip",
+    "SUMMARY_NAME",
+]
 
 SUMMARY_NAME = "convert_summary.json"
 
@@ -119,15 +127,32 @@ def _fingerprint(source_sha: str, signature: str, options: ConvertOptions) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _output_names(clips: Sequence[Path]) -> list[str]:
-    """``<stem>.npz``; clips sharing a stem get ``<stem>-<8 hex of the path>.npz``."""
-    stems = [c.stem for c in clips]
-    names = []
-    for c, s in zip(clips, stems):
-        if stems.count(s) > 1:
-            s = f"{s}-{hashlib.sha256(os.fspath(c).encode()).hexdigest()[:8]}"
-        names.append(f"{s}.npz")
-    return names
+def clip_names(clips: Sequence[str | os.PathLike]) -> list[str]:
+    """One name per clip: its file stem, or ``<stem>-<8 hex of the path>`` for clips that share a stem."""
+    stems = [Path(c).stem for c in clips]
+    return [
+        s if stems.count(s) == 1 else f"{s}-{hashlib.sha256(os.fsencode(c)).hexdigest()[:8]}"
+        for c, s in zip(clips, stems)
+    ]
+
+
+def map_clip(path, desc, mapper, config: str, *, clamp_to_limits: bool = False, fps: float | None = None):
+    """``load_motion`` -> (optional resample to ``fps``) -> ``retarget_motion(config)`` onto ``desc`` ->
+    ``mapper.to_articulation_motion``.
+
+    Returns:
+        ``(mapping, retarget_result, source_motion)``: the mapper's
+        :class:`~kangengine.animation.MappingResult`, the :class:`~kangengine.animation.RetargetResult`, and
+        the clip as read.
+    """
+    from ..animation import retarget_motion
+    from ..io import load_motion
+
+    motion = load_motion(path)
+    if fps is not None:
+        motion = motion.resample(fps)
+    moved = retarget_motion(motion, config, desc)
+    return mapper.to_articulation_motion(moved.motion, clamp_to_limits=clamp_to_limits), moved, motion
 
 
 _WORKER_CACHE: dict = {}
@@ -154,8 +179,7 @@ def _existing_fingerprint(path: Path) -> str | None:
 
 
 def _convert_one(source: str, output: str, model: str, options: ConvertOptions, overwrite: bool) -> ClipOutcome:
-    from ..animation import retarget_motion, save_articulation_motion_npz
-    from ..io import load_motion
+    from ..animation import save_articulation_motion_npz
 
     t0 = time.perf_counter()
     src, out = Path(source), Path(output)
@@ -164,11 +188,9 @@ def _convert_one(source: str, output: str, model: str, options: ConvertOptions, 
         fingerprint = _fingerprint(_sha256(src), layout.model_signature, options)
         if not overwrite and out.is_file() and _existing_fingerprint(out) == fingerprint:
             return ClipOutcome(source, output, "up_to_date", seconds=time.perf_counter() - t0)
-        motion = load_motion(src)
-        if options.fps is not None:
-            motion = motion.resample(options.fps)
-        moved = retarget_motion(motion, options.config, desc)
-        mapped = mapper.to_articulation_motion(moved.motion, clamp_to_limits=options.clamp_to_limits)
+        mapped, moved, motion = map_clip(
+            src, desc, mapper, options.config, clamp_to_limits=options.clamp_to_limits, fps=options.fps
+        )
         res = np.asarray(mapped.residual_angles, dtype=np.float64)
         art = mapped.motion
         art.metadata.update(
@@ -235,7 +257,7 @@ def convert_clips(
         raise FormatError("the same clip is listed twice", item="clips")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    targets = [os.fspath(out / n) for n in _output_names(paths)]
+    targets = [os.fspath(out / f"{n}.npz") for n in clip_names(paths)]
     args = [(os.fspath(p), t, model, options, overwrite) for p, t in zip(paths, targets)]
     if jobs <= 1 or len(args) <= 1:
         outcomes = [_convert_one(*a) for a in args]
