@@ -17,8 +17,12 @@ of ``_CHUNK`` frames on a thread pool.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import sys
+import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +98,10 @@ def _qrot(q, v):
     """Rotate vector v by unit quaternion q: v + 2w (u x v) + 2 u x (u x v)."""
     w = q[0]
     u = q[1:]
-    t = tuple(_mul(2.0, c) for c in _cross(u, v))
+    if all(_c(c) for c in v):  # a constant offset: u x (2v) is 2 (u x v) bit for bit, 3 products fewer
+        t = _cross(u, tuple(2.0 * c for c in v))
+    else:
+        t = tuple(_mul(2.0, c) for c in _cross(u, v))
     ut = _cross(u, t)
     return tuple(_add(_add(v[k], _mul(w, t[k])), ut[k]) for k in range(3))
 
@@ -121,15 +128,31 @@ _TEMP = re.compile(r"\bt\d+\b")
 
 
 class _Tracer:
+    """Records the program twice: as Python source lines (the numpy/torch replay) and as structured
+    ``(dest, op, a, b)`` tuples (for the native backend, :mod:`._native`)."""
+
     def __init__(self):
         self.lines: list[str] = []
+        self.ops: list[tuple] = []
         self.count = 0
 
-    def emit(self, expr: str) -> _Sym:
+    def emit(self, expr: str, op: tuple) -> _Sym:
         name = f"t{self.count}"
         self.count += 1
         self.lines.append(f"    {name} = {expr}")
+        self.ops.append((name, *op, None) if len(op) == 2 else (name, *op))
         return _Sym(name, self)
+
+    def load(self, array: str, index: str, column: int) -> _Sym:
+        """Column ``column`` of a frame of input ``array`` (``array[index]`` in the Python replay)."""
+        return self.emit(f"{array}[{index}]", ("load", array, column))
+
+
+_OPNAMES = {"*": "mul", "+": "add", "-": "sub", "/": "div"}
+
+
+def _operand(x):
+    return x if isinstance(x, float) else x.name
 
 
 class _Sym:
@@ -144,7 +167,8 @@ class _Sym:
 
     def _bin(self, op: str, other, reverse: bool = False) -> _Sym:
         o = repr(other) if isinstance(other, float) else str(other)
-        return self.tracer.emit(f"{o} {op} {self.name}" if reverse else f"{self.name} {op} {o}")
+        a, b = (_operand(other), self.name) if reverse else (self.name, _operand(other))
+        return self.tracer.emit(f"{o} {op} {self.name}" if reverse else f"{self.name} {op} {o}", (_OPNAMES[op], a, b))
 
     def __mul__(self, other):
         return self._bin("*", other)
@@ -168,7 +192,7 @@ class _Sym:
         return self._bin("/", other)
 
     def __neg__(self):
-        return self.tracer.emit(f"-{self.name}")
+        return self.tracer.emit(f"-{self.name}", ("neg", self.name))
 
 
 class _TraceNS:
@@ -178,18 +202,38 @@ class _TraceNS:
         self.tracer = tracer
 
     def cos(self, x):
-        return self.tracer.emit(f"xp.cos({x})")
+        return self.tracer.emit(f"xp.cos({x})", ("cos", x.name))
 
     def sin(self, x):
-        return self.tracer.emit(f"xp.sin({x})")
+        return self.tracer.emit(f"xp.sin({x})", ("sin", x.name))
 
     def sqrt(self, x):
-        return self.tracer.emit(f"xp.sqrt({x})")
+        return self.tracer.emit(f"xp.sqrt({x})", ("sqrt", x.name))
 
 
-def _compile(tracer: _Tracer, args: str, outputs: list[tuple[str, int, object]], name: str):
+class _Program:
+    """A traced program: calling it runs the Python replay (numpy/torch, any device); ``ops`` and
+    ``outputs`` are the same program in structured form for :mod:`._native` (``outputs``: ``(array,
+    column within a frame, value)``), whose compiled kernels are kept per dtype in ``native``."""
+
+    def __init__(self, fn: Callable, ops: list[tuple], outputs: list[tuple[str, int, object]]):
+        self.fn = fn
+        self.ops = ops
+        self.outputs = outputs
+        self.native: dict = {}
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _compile(tracer: _Tracer, args: str, outputs: list[tuple[str, int, object]], name: str) -> _Program:
     """Source of ``def name(args): <trace>; out[s:e, body, k] = value`` compiled with exec."""
     lines = list(tracer.lines)
+    flat = [
+        (out, b * len(comps) + k, c if isinstance(c, float) else c.name)
+        for out, b, comps in outputs
+        for k, c in enumerate(comps)
+    ]
     for out, b, comps in outputs:
         for k, c in enumerate(comps):
             value = repr(c) if isinstance(c, float) else str(c)
@@ -211,7 +255,7 @@ def _compile(tracer: _Tracer, args: str, outputs: list[tuple[str, int, object]],
     src = f"def {name}({args}):\n" + "\n".join(body or ["    pass"]) + "\n"
     scope: dict = {}
     exec(compile(src, f"<kangengine-fk {name}>", "exec"), scope)
-    return scope[name]
+    return _Program(scope[name], tracer.ops, flat)
 
 
 # -- plans ----------------------------------------------------------------------------------------------
@@ -300,11 +344,11 @@ def _pool() -> ThreadPoolExecutor | None:
     return _POOL
 
 
-def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool) -> None:
-    if not on_cpu or n <= _CHUNK:
+def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool, chunk: int = _CHUNK) -> None:
+    if not on_cpu or n <= chunk:
         fn(0, n)
         return
-    bounds = [(s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK)]
+    bounds = [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
     pool = _pool()
     if pool is None:
         for s, e in bounds:
@@ -312,6 +356,110 @@ def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool) -> None:
     else:
         for f in [pool.submit(fn, s, e) for s, e in bounds]:
             f.result()
+
+
+# -- native kernels ---------------------------------------------------------------------------------------
+# The same traced program, compiled to machine code for this CPU by :mod:`._native` (llvmlite) and run on
+# numpy arrays / CPU torch tensors through their data pointers. Policy (environment variable
+# ``KANGENGINE_FK_BACKEND``): "auto" (default) uses a native kernel for calls of at least
+# ``_NATIVE_MIN_FRAMES`` frames, building it on the first such call (about half a second per program
+# and dtype, once per process); "native" uses one for every call; "numpy" never. The choice depends on
+# the call alone (not on earlier calls), so a given call always takes the same path. Without llvmlite,
+# or for torch tensors on CUDA or requiring grad, the Python replay runs.
+
+_NATIVE_MIN_FRAMES = 65536
+_NATIVE_CHUNK = 16384
+_NATIVE_LOCK = threading.Lock()
+_BACKENDS = ("auto", "numpy", "native")
+
+
+def _backend() -> str:
+    mode = os.environ.get("KANGENGINE_FK_BACKEND", "auto").strip().lower() or "auto"
+    if mode not in _BACKENDS:
+        raise ValueError(f"KANGENGINE_FK_BACKEND={mode!r}; expected one of {', '.join(_BACKENDS)}")
+    return mode
+
+
+def _float_dtype(x) -> np.dtype | None:
+    """numpy dtype of a float32/float64 numpy array or CPU torch tensor not requiring grad, else None."""
+    if _is_torch(x):
+        import torch
+
+        if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64):
+            return None
+        return np.dtype(np.float32 if x.dtype == torch.float32 else np.float64)
+    if x.dtype in (np.float32, np.float64) and x.dtype.isnative:
+        return np.dtype(x.dtype)
+    return None
+
+
+def _native_kernel(prog: _Program, inputs: tuple[str, ...], arrays: Sequence, n: int):
+    """The native kernel of ``prog`` (input arrays named ``inputs``, given as ``arrays``) when the policy
+    selects one and the arrays are all numpy or all CPU torch of one float dtype, else None."""
+    mode = _backend()
+    if mode == "numpy" or (mode == "auto" and n < _NATIVE_MIN_FRAMES):
+        return None
+    dts = {_float_dtype(a) for a in arrays}
+    if len(dts) != 1 or None in dts or len({_is_torch(a) for a in arrays}) != 1:
+        return None
+    (dt,) = dts
+    key = (inputs, dt)
+    if key in prog.native:
+        return prog.native[key]
+    with _NATIVE_LOCK:
+        if key not in prog.native:
+            from . import _native
+
+            kern = None
+            if _native.available():
+                out_names = list(dict.fromkeys(o for o, _, _ in prog.outputs))
+                idx = {a: i for i, a in enumerate(inputs)}
+                ops = [(d, op, idx[a], b) if op == "load" else (d, op, a, b) for d, op, a, b in prog.ops]
+                outs = [(out_names.index(o), c, v) for o, c, v in prog.outputs]
+                try:
+                    kern = _native.compile_program(ops, outs, len(inputs), len(out_names), dt)
+                except Exception as exc:  # never fail a call over the fast path: replay instead
+                    warnings.warn(
+                        f"kangengine: native forward-kinematics kernel could not be built ({exc}); "
+                        "using the numpy replay",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+            prog.native[key] = kern
+    return prog.native[key]
+
+
+def _frame_rows(x):
+    """``(array, address, frame_stride)`` of ``x [frames, ...]`` as rows with contiguous columns (a copy
+    only when the columns are not contiguous); the stride is in elements, 0 for a broadcast row."""
+    if _is_torch(x):
+        a = x.reshape(x.shape[0], -1)
+        if a.shape[1] > 1 and a.stride(1) != 1 or a.stride(0) < 0:
+            a = a.contiguous()
+        return a, a.data_ptr(), a.stride(0) if a.shape[0] > 1 else 0
+    a = x.reshape(x.shape[0], -1)
+    isz = a.itemsize
+    if a.shape[1] > 1 and a.strides[1] != isz or a.strides[0] < 0 or a.strides[0] % isz:
+        a = np.ascontiguousarray(a)
+    return a, a.__array_interface__["data"][0], a.strides[0] // isz if a.shape[0] > 1 else 0
+
+
+def _run_native(kern, inputs: list, outputs: list, n: int, fallback: Callable[[int, int], None]) -> None:
+    """Run ``kern`` over frames ``[0, n)`` in chunks on the thread pool (the calls release the GIL);
+    a chunk with sin/cos arguments outside the exact range is recomputed by ``fallback(s, e)``."""
+    isz = kern.dtype.itemsize
+    ins = [_frame_rows(x) for x in inputs]
+    outs = [_frame_rows(x) for x in outputs]  # fresh contiguous arrays: never copied, written in place
+    in_args = [(ptr, st) for _, ptr, st in ins]
+    out_args = [(ptr, st) for _, ptr, st in outs]
+
+    def chunk(s: int, e: int) -> None:
+        bad = kern([(p + s * st * isz, st) for p, st in in_args], [(p + s * st * isz, st) for p, st in out_args], e - s)
+        if bad:
+            fallback(s, e)
+
+    _run_chunks(n, chunk, True, _NATIVE_CHUNK)
+    del ins  # keeps any contiguous copies alive until the kernels have run
 
 
 # -- the composition --------------------------------------------------------------------------------------
@@ -393,13 +541,14 @@ class JointFrames:
 
 _STEP_DOFS = {"free": 6, "ball": 3, "hinge": 1, "slide": 1}
 
+
 def _q_columns(tr: _Tracer) -> Callable[[int], _Sym]:
     """``qcol(i)``: the symbol of column ``i`` of the chunk ``qt [nq, n]``, loaded once."""
     cols: dict[int, _Sym] = {}
 
     def qcol(i: int) -> _Sym:
         if i not in cols:
-            cols[i] = tr.emit(f"qt[{i}]")
+            cols[i] = tr.load("qt", str(i), i)
         return cols[i]
 
     return qcol
@@ -459,11 +608,11 @@ class BodyKinematics:
             plan = self.plan
 
             def local(b):
-                r = tuple(tr.emit(f"rot[{b}, {k}]") for k in range(4))
+                r = tuple(tr.load("rot", f"{b}, {k}", 4 * b + k) for k in range(4))
                 if plan.parents[b] < 0:
-                    return tuple(tr.emit(f"root[{k}]") for k in range(3)), r
+                    return tuple(tr.load("root", str(k), k) for k in range(3)), r
                 if with_translation:
-                    return tuple(tr.emit(f"tr[{b}, {k}]") for k in range(3)), r
+                    return tuple(tr.load("tr", f"{b}, {k}", 3 * b + k) for k in range(3)), r
                 return plan.rest_positions[b], r
 
             gp, gr = _compose(plan, local)
@@ -492,7 +641,8 @@ class BodyKinematics:
             qt = qt.contiguous() if _is_torch(qt) else np.ascontiguousarray(qt)
             fn(qt, xp, out_p, out_r, s, e)
 
-        return self._run(q2, lead, chunk)
+        kern = _native_kernel(fn, ("qt",), (q2,), q2.shape[0])
+        return self._run(q2, lead, chunk, None if kern is None else (kern, [q2]))
 
     def joint_frames(self, q) -> JointFrames:
         """Body transforms plus the world frame of every joint step, from generalized coordinates.
@@ -600,6 +750,8 @@ class BodyKinematics:
         lt = None if local_translation is None else local_translation.reshape(-1, nb, 3)
         if rt.shape[0] != lr.shape[0]:  # broadcast a single root translation / rotation set
             n = max(rt.shape[0], lr.shape[0])
+            if rt.shape[0] > lr.shape[0]:  # the frames are the root translation's
+                lead = tuple(root_translation.shape[:-1])
             rt = _expand(rt, (n, 3))
             lr = _expand(lr, (n, nb, 4))
         if lt is not None and lt.shape[0] != lr.shape[0]:
@@ -612,23 +764,54 @@ class BodyKinematics:
             root = _soa(rt[s:e], (1, 0))
             fn(rot, tr, root, out_p, out_r, s, e)
 
-        return self._run(lr, lead, chunk)
+        names, arrays = (("rot", "root"), [lr, rt]) if lt is None else (("rot", "tr", "root"), [lr, lt, rt])
+        kern = _native_kernel(fn, names, arrays, lr.shape[0])
+        return self._run(lr, lead, chunk, None if kern is None else (kern, arrays))
 
-    def _run(self, ref, lead, chunk):
+    def _run(self, ref, lead, chunk, native=None):
+        """Allocate ``[n, B, 3]``/``[n, B, 4]`` outputs and fill them chunk by chunk: with the native
+        kernel ``native = (kernel, input arrays)`` when given, else with the Python replay ``chunk``."""
         n = ref.shape[0]
         nb = self.plan.num_bodies
         if _is_torch(ref):
-            import torch
-
-            out_p = torch.empty((n, nb, 3), dtype=ref.dtype, device=ref.device)
-            out_r = torch.empty((n, nb, 4), dtype=ref.dtype, device=ref.device)
+            out_p = _torch_empty((n, nb, 3), ref)
+            out_r = _torch_empty((n, nb, 4), ref)
             on_cpu = ref.device.type == "cpu" and not ref.requires_grad
         else:
             out_p = np.empty((n, nb, 3), dtype=ref.dtype)
             out_r = np.empty((n, nb, 4), dtype=ref.dtype)
             on_cpu = True
-        _run_chunks(n, lambda s, e: chunk(s, e, out_p, out_r), on_cpu)
+        if native is not None and n:
+            _run_native(native[0], native[1], [out_p, out_r], n, lambda s, e: chunk(s, e, out_p, out_r))
+        else:
+            _run_chunks(n, lambda s, e: chunk(s, e, out_p, out_r), on_cpu)
         return out_p.reshape(lead + (nb, 3)), out_r.reshape(lead + (nb, 4))
+
+
+_MADVISE = None
+
+
+def _torch_empty(shape, like):
+    """``torch.empty`` like ``like``; a large CPU buffer is advised to use transparent huge pages, as numpy
+    does for its own arrays (first-touch page faults otherwise cost as much as the kinematics)."""
+    import torch
+
+    t = torch.empty(shape, dtype=like.dtype, device=like.device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type == "cpu" and nbytes >= (4 << 20) and sys.platform.startswith("linux"):
+        global _MADVISE
+        if _MADVISE is None:
+            try:
+                f = ctypes.CDLL(None, use_errno=True).madvise
+                f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+                _MADVISE = f
+            except (OSError, AttributeError):
+                _MADVISE = False
+        if _MADVISE:
+            addr = t.data_ptr()
+            skip = -addr % 4096  # madvise wants a page-aligned start
+            _MADVISE(addr + skip, nbytes - skip, 14)  # MADV_HUGEPAGE; advisory, failures are harmless
+    return t
 
 
 def _soa(x, perm):
