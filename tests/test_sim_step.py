@@ -537,3 +537,68 @@ def test_collapsing_humanoid_comes_to_rest_on_the_ground():
     assert worst < 0.05 and float(st.q[:, 2].max()) < 0.3  # lying on the ground
     np.testing.assert_allclose(res.contact_normal_force.sum(-1).numpy(), model.total_mass * 9.81, rtol=0.01)
     assert float(ke.sim.kinetic_energy(model, st.q, st.qd).max()) < 0.1
+
+
+BRANCHED = """<mujoco><compiler angle="radian"/><option gravity="0 0 -9.81"/><worldbody><body name="base" pos="0 0 1">
+<geom type="sphere" size="0.05" mass="1" contype="0" conaffinity="0"/>
+<body name="a" pos="0.1 0 0"><joint name="ja" type="hinge" axis="0 1 0"/>
+<geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.03" mass="1" contype="0" conaffinity="0"/></body>
+<body name="b" pos="-0.1 0 0"><joint name="jb" type="hinge" axis="0 1 0"/>
+<geom type="capsule" fromto="0 0 0 -0.4 0 0" size="0.03" mass="1" contype="0" conaffinity="0"/></body>
+</body></worldbody>
+<tendon><fixed name="tab" limited="true" range="-0.2 0.2"><joint joint="ja" coef="1"/><joint joint="jb" coef="1"/>
+</fixed></tendon></mujoco>"""
+
+
+def test_tree_and_dense_solvers_agree(tmp_path):
+    """The tree-sparse factorisation and the dense Cholesky give the same steps (float64 round-off) with
+    contacts, effort limits, pinned DOFs, tendons (MuJoCo humanoid) and ball-joint friction; the default
+    uses the tree from a few hundred worlds on CPU."""
+    desc = MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml"))
+    model = _model(desc, drive_stiffness=300.0, drive_damping=20.0, effort_limit=60.0)
+    gen = torch.Generator().manual_seed(0)
+    st0 = State.neutral(model, 6)
+    st0.q[:, 2] += torch.linspace(-0.05, 0.4, 6, dtype=torch.float64)
+    st0 = State.from_q(model, st0.q, 0.5 * torch.randn(6, model.nv, generator=gen, dtype=torch.float64))
+    target = st0.q.clone()
+    target[:, 7:] += 0.3
+    pinned = torch.zeros(6, model.nv, dtype=torch.bool)
+    pinned[1, 9] = pinned[2, 20] = True
+    ctrl = Control(q_target=target, tau_feedforward=torch.full_like(st0.qd, 2.0), pinned=pinned)
+    states = {}
+    for solver in ("dense", "tree"):
+        sim, st = Simulator(model, dt=1 / 60, solver=solver), st0
+        for _ in range(25):
+            st = sim.step(st, ctrl).state
+        states[solver] = st
+    np.testing.assert_allclose(states["tree"].q.numpy(), states["dense"].q.numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(states["tree"].qd.numpy(), states["dense"].qd.numpy(), rtol=0, atol=1e-8)
+
+    ball = _model(MJCFLoader.load(_write(tmp_path, "ball.xml", BALL)), free_root=False, gravity=(0, 0, -9.81))
+    st0 = State.from_q(model=ball, q=State.neutral(ball, 3).q, qd=torch.randn(3, ball.nv, generator=gen).double())
+    out = {}
+    for solver in ("dense", "tree"):
+        sim, st = Simulator(ball, dt=1 / 60, solver=solver), st0
+        for _ in range(30):
+            st = sim.step(st).state
+        out[solver] = st.qd.numpy()
+    np.testing.assert_allclose(out["tree"], out["dense"], rtol=0, atol=1e-9)
+
+    many = State.neutral(model, 300)  # auto: tree on CPU
+    auto = Simulator(model, dt=1 / 60).step(many, Control(q_target=many.q)).state
+    dense = Simulator(model, dt=1 / 60, solver="dense").step(many, Control(q_target=many.q)).state
+    np.testing.assert_allclose(auto.qd.numpy(), dense.qd.numpy(), rtol=0, atol=1e-9)
+
+
+def test_tree_solver_needs_couplings_on_one_branch(tmp_path):
+    """A tendon joining two branches leaves the tree pattern: solver='tree' refuses the model, the
+    default falls back to the dense factorisation (same result)."""
+    model = _model(MJCFLoader.load(_write(tmp_path, "branched.xml", BRANCHED)), free_root=False)
+    with pytest.raises(ValueError, match="two branches"):
+        Simulator(model, dt=0.01, solver="tree")
+    with pytest.raises(ValueError, match="solver must be one of"):
+        Simulator(model, dt=0.01, solver="sparse")
+    st = State.from_q(model, torch.tensor([[0.5, 0.4]] * 300, dtype=torch.float64))
+    a = Simulator(model, dt=0.01).step(st).state.qd
+    b = Simulator(model, dt=0.01, solver=ke.sim.LinearSolver.DENSE).step(st).state.qd
+    assert torch.equal(a, b) and float(a[0].abs().max()) > 0

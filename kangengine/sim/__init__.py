@@ -12,7 +12,7 @@ from .dynamics import (
     momentum,
     potential_energy,
 )
-from .integrator import Simulator, StepResult
+from .integrator import LinearSolver, Simulator, StepResult
 from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
 from .model import ContactParams, JointFriction, Model, State
 from .report import ClipReport, Reason, Severity, ValidationResult, ValidationThresholds, Verdict, validate
@@ -44,6 +44,7 @@ __all__ = [
     "momentum",
     "Simulator",
     "StepResult",
+    "LinearSolver",
     "Control",
     "friction_phi",
     "friction_phi_derivative",

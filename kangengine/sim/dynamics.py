@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .kinematics import Comps, Frames, _flat, body_twists, compute_frames, cross, gather, rotate, rows, tree_product
+from .kinematics import Comps, Frames, _flat, body_twists, compute_frames, cross, rotate, rows, tree_product
 from .model import Model
 
 __all__ = [
@@ -99,9 +99,12 @@ def apply_inertia(feat: Comps, motion: Comps) -> Comps:
     )
 
 
-def composite(model: Model, c: Comps) -> Comps:
-    """Sums over each body's subtree, gathered per DOF: k x ``[B, W]`` -> k x ``[nv, W]``."""
-    return gather(tree_product(c, model.subtree), model.dof_body)
+def composite(model: Model, c: Comps | torch.Tensor) -> Comps:
+    """Sums over each body's subtree, gathered per DOF: k x ``[B, W]`` (or stacked ``[B, k, W]``) -> k x
+    ``[nv, W]`` (views of one ``[nv, k, W]`` product)."""
+    x = c if isinstance(c, torch.Tensor) else torch.stack(c, dim=1)
+    b, k, w = x.shape
+    return (model.dof_subtree @ x.view(b, k * w)).view(-1, k, w).unbind(1)
 
 
 def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
@@ -141,11 +144,16 @@ def joint_space_lower(model: Model, applied: Comps, motion_rows: torch.Tensor) -
 def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
     """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[B, W]``: moment
     about the reference origin, force; world axes)."""
+    return generalized_forces_t(model, motion, body_force).t()
+
+
+def generalized_forces_t(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
+    """:func:`generalized_forces` DOF-major: ``[nv, W]``."""
     sub = composite(model, body_force)
     out = motion[0] * sub[0]
     for s, f in zip(motion[1:], sub[1:]):
-        out = out + s * f
-    return out.t()
+        out = out.addcmul_(s, f)
+    return out
 
 
 def gravity_forces(model: Model, inertia: Comps) -> Comps:
@@ -170,26 +178,34 @@ def _rnea(
     qdd: torch.Tensor | None,
     gravity: bool = True,
     twists_out: list | None = None,
+    dof_major: bool = False,
 ) -> torch.Tensor:
+    """Recursive Newton-Euler: ``tau = M qdd + c(q, qd)`` (``qdd = None``: zero). ``qd``, ``qdd`` and the
+    result are ``[W, nv]``, or ``[nv, W]`` with ``dof_major``."""
     s = fr.motion
-    qd_t = qd.t().contiguous()
-    sv = tuple(c * qd_t for c in s)
-    vel = tree_product(sv, model.dof_moves_body)  # 6 x [B, W]
+    qd_t = qd if dof_major else qd.t().contiguous()
+    sv_stack = fr.motion_stack * qd_t[:, None, :]  # [nv, 6, W]
+    n, k, w = sv_stack.shape
+    sv = sv_stack.unbind(1)
+    vel = (model.dof_moves_body @ sv_stack.view(n, k * w)).view(-1, k, w).unbind(1)  # 6 x [B, W]
     if twists_out is not None:
         twists_out.append(vel)
-    frame_vel = tree_product(sv, model.dof_frame)  # 6 x [nv, W]
+    frame_vel = (model.dof_frame @ sv_stack.view(n, k * w)).view(n, k, w).unbind(1)  # 6 x [nv, W]
     acc_terms = cross_motion(frame_vel, sv)
     if qdd is not None:
-        qdd_t = qdd.t().contiguous()
-        acc_terms = tuple(a + c * qdd_t for a, c in zip(acc_terms, s))
+        qdd_t = qdd if dof_major else qdd.t().contiguous()
+        acc_terms = tuple(a.addcmul_(c, qdd_t) for a, c in zip(acc_terms, s))
     acc = tree_product(acc_terms, model.dof_moves_body)
-    f = tuple(a + b for a, b in zip(apply_inertia(inertia, acc), cross_force(vel, apply_inertia(inertia, vel))))
-    if gravity:
+    uniform = gravity and model.uniform_gravity
+    if uniform:  # gravity as a base acceleration: I (a - g) = I a - (h x g, m g)
+        acc = acc[:3] + tuple(a - g if g != 0.0 else a for a, g in zip(acc[3:], model.gravity_t))
+    f = tuple(a.add_(b) for a, b in zip(apply_inertia(inertia, acc), cross_force(vel, apply_inertia(inertia, vel))))
+    if gravity and not uniform:
         f = tuple(a - g for a, g in zip(f, gravity_forces(model, inertia)))
-    tau = generalized_forces(model, s, f)
+    tau = generalized_forces_t(model, s, f)
     if qdd is not None:
-        tau = tau + model.armature * qdd
-    return tau
+        tau = tau.addcmul_(model.armature[:, None], qdd_t)
+    return tau if dof_major else tau.t()
 
 
 def mass_matrix(model: Model, q: torch.Tensor) -> torch.Tensor:

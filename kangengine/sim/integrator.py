@@ -23,27 +23,36 @@ shapes, so a step can be captured by CUDA graphs or ``torch.compile``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
-from .contact import (
-    apply_point_stiffness,
-    contact_geometry,
-    point_forces_to_bodies,
-    point_stiffness_features,
-    point_velocities,
-)
-from .control import (
-    Control,
-    _phi_derivative_over_x,
-    friction_phi,
-    huber,
-)
-from .dynamics import _rnea, apply_inertia, composite, generalized_forces, joint_space_lower, spatial_inertias
+from .contact import apply_point_stiffness, contact_geometry, point_velocities
+from .control import Control, _phi_derivative_over_x, friction_phi
+from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
 from .kinematics import body_twists, compute_frames, rows
 from .model import Model, State
+from .treesolve import TreePattern
 
-__all__ = ["Simulator", "StepResult"]
+__all__ = ["Simulator", "StepResult", "LinearSolver"]
+
+# worlds from which the tree-sparse factorisation beats a batched dense Cholesky on CPU (measured)
+_TREE_MIN_WORLDS_CPU = 256
+
+
+class LinearSolver(str, Enum):
+    """How a Newton step solves ``H dv = -grad``.
+
+    ``DENSE``: a batched Cholesky factorisation of the dense ``[W, nv, nv]`` Hessian (one small LAPACK or
+    cuSOLVER call per world). ``TREE``: the tree-sparse ``L^T D L`` factorisation vectorised over worlds
+    (:mod:`kangengine.sim.treesolve`), which needs every joint-space coupling row to stay on one branch
+    of the tree. ``AUTO``: ``TREE`` on CPU from a few hundred worlds on where possible, else ``DENSE``.
+    All give the same result up to round-off.
+    """
+
+    AUTO = "auto"
+    DENSE = "dense"
+    TREE = "tree"
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +83,17 @@ class StepResult:
     nonfinite: torch.Tensor
 
 
+@dataclass(frozen=True, eq=False)
+class _Drive:
+    """PD drive of one step, DOF-major: force ``clamp(a - b v, -effort, effort)``."""
+
+    a: torch.Tensor  # [nv, W]
+    b: torch.Tensor  # [nv, 1] or [nv, W]
+    hb: torch.Tensor  # h b
+    e_coef: torch.Tensor  # h / (2 b) where b > 0, else 0 (energy of the unclamped drive)
+    e_const: torch.Tensor | None  # h clamp(a) where b == 0 (a constant force), else 0; None when b > 0 everywhere
+
+
 class Simulator:
     """Implicit articulated-body simulator over ``W`` worlds.
 
@@ -86,6 +106,8 @@ class Simulator:
             evaluation per iteration, no branching); ``False`` always takes the full step.
         check_inputs: validate shapes/dtypes of the state and control on every step (turn off in hot loops
             once the shapes are known to be right).
+        solver: :class:`LinearSolver` (or its value) for the Newton systems; ``"auto"`` picks per
+            number of worlds and device.
 
     Example::
 
@@ -96,49 +118,105 @@ class Simulator:
     """
 
     def __init__(
-        self, model: Model, *, dt: float, iterations: int = 2, line_search: bool = True, check_inputs: bool = True
+        self,
+        model: Model,
+        *,
+        dt: float,
+        iterations: int = 2,
+        line_search: bool = True,
+        check_inputs: bool = True,
+        solver: LinearSolver | str = LinearSolver.AUTO,
     ):
         if not dt > 0:
             raise ValueError(f"dt must be positive, got {dt}")
+        try:
+            self.solver = LinearSolver(solver)
+        except ValueError:
+            choices = ", ".join(repr(x.value) for x in LinearSolver)
+            raise ValueError(f"solver must be one of {choices}, got {solver!r}") from None
         self.model = m = model
         self.dt = h = float(dt)
         self.iterations = int(iterations)
         self.check_inputs = bool(check_inputs)
         self._line_search = bool(line_search)
+        col = lambda x: x.reshape(-1, 1).contiguous()  # per-DOF / per-point constants as [n, 1] columns
+        # -- contacts (quantities are [C, W]) --
         c = m.contact
         self._has_contact = c.enabled and m.num_contact_points > 0
         # a point this close to the ground may touch it within one step under gravity alone
         self._reach = h * h * float(torch.linalg.vector_norm(m.gravity)) + 1e-4
-        mu = m.contact_friction[:, None]  # [C, 1]: contact quantities are [C, W]
+        mu = m.contact_friction[:, None]
         self._c_mu0 = mu + c.stiction_extra
         self._c_ratio = torch.where(self._c_mu0 > 0, mu / torch.clamp(self._c_mu0, min=1e-30), torch.ones_like(mu))
         self._c_stribeck = c.stribeck_vel if c.stribeck_vel > 0 else 0.0
+        self._kn_const = h * (h * c.stiffness + c.damping)  # normal curvature of an active (or near) point
+        # -- joint terms (quantities are [nv, W]) --
         mu0 = m.friction_coulomb + m.friction_stiction
-        self._j_mu0 = mu0
-        self._j_ratio = torch.where(mu0 > 0, m.friction_coulomb / torch.clamp(mu0, min=1e-30), torch.ones_like(mu0))
         self._j_has_dry = bool((mu0 > 0).any())
-        self._j_stribeck = m.friction_stribeck if bool((m.friction_stribeck > 0).any()) else 0.0
+        self._j_mu0h = col(h * mu0)
+        ratio = torch.where(mu0 > 0, m.friction_coulomb / torch.clamp(mu0, min=1e-30), torch.ones_like(mu0))
+        self._j_ratio = col(ratio)
+        self._j_falloff = col(m.friction_falloff)
+        self._j_stribeck = col(m.friction_stribeck) if bool((m.friction_stribeck > 0).any()) else 0.0
         self._has_limits = bool((m.limit_stiffness > 0).any() or (m.limit_damping > 0).any())
         self._has_springs = bool((m.spring_stiffness > 0).any())
         self._has_damping = bool((m.damping > 0).any())
+        self._has_effort = bool(torch.isfinite(m.effort_limit).any())
+        self._effort = col(m.effort_limit)
+        # whether the drive's implicit damping b (h kp + kd with a position target, else kd) is positive on
+        # every DOF for the model's own gains (else the energy needs the constant-force branch)
+        self._drive_b_positive = {
+            True: bool((h * m.drive_stiffness + m.drive_damping > 0).all()),
+            False: bool((m.drive_damping > 0).all()),
+        }
+        # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
+        self._diag_const = col(h * m.damping + h * h * m.spring_stiffness)
+        self._spring_h = col(h * m.spring_stiffness)
+        self._spring_ref = col(m.spring_ref)
+        self._lower, self._upper = col(m.lower), col(m.upper)
+        self._klim_h = col(h * m.limit_stiffness)
+        self._dlim_h = col(h * m.limit_damping)
+        self._lim_curv = col(h * h * m.limit_stiffness + h * m.limit_damping)
+        self._armature = col(m.armature)
+        self._e_damp = col(0.5 * h * m.damping)  # energies (line search)
+        self._e_spring = col(0.5 * m.spring_stiffness)
+        self._e_klim = col(0.5 * m.limit_stiffness)
+        self._e_dlim = col(0.5 * h * m.limit_damping)
+        self._scalar = col(m.scalar_dof.to(m.dtype))
+        if m.has_ball_friction:
+            g = m.friction_group
+            self._group = (g[:, None] == g[None, :]).to(m.dtype)  # [nv, nv] same friction group (symmetric)
+            self._group_size = col(self._group.sum(-1))
+        else:
+            self._group = None
+        # -- joint-space coupling rows (quantities are [R, W]) --
         self._has_couplings = m.coupling_matrix is not None and m.coupling_matrix.shape[0] > 0
+        self._tree = TreePattern(m.dof_above, m.device)
         if self._has_couplings:
+            self._coupling = m.coupling_matrix.contiguous()  # [R, nv]
             self._coupling_t = m.coupling_matrix.t().contiguous()  # [nv, R]
+            self._c_lower, self._c_upper = col(m.coupling_lower), col(m.coupling_upper)
+            self._c_kh = col(h * m.coupling_stiffness)
+            self._c_dh = col(h * m.coupling_damping)
+            self._c_curv = col(h * h * m.coupling_stiffness + h * m.coupling_damping)
+            self._c_ek = col(0.5 * m.coupling_stiffness)
+            self._c_ed = col(0.5 * h * m.coupling_damping)
             # lower-triangle entries (i >= j) touched by some row, and each row's c_i c_j there
             cm = m.coupling_matrix.detach().cpu().double()
             outer = torch.einsum("ri,rj->rij", cm, cm).tril()
             pos = torch.nonzero(outer.abs().sum(0) > 0)
+            # the dense Hessian is a transposed view: its (i, j) entry lives at j * nv + i
             self._coupling_pos_t = (pos[:, 1] * m.nv + pos[:, 0]).to(m.device)
-            self._coupling_outer = outer[:, pos[:, 0], pos[:, 1]].to(dtype=m.dtype, device=m.device)  # [R, P]
-        # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
-        self._diag_const = h * m.damping + h * h * m.spring_stiffness
-        self._scalar = m.scalar_dof.to(m.dtype)
-        if m.has_ball_friction:
-            g = m.friction_group
-            self._group = (g[:, None] == g[None, :]).to(m.dtype)  # [nv, nv] same friction group
-            self._group_size = self._group.sum(-1)
-        else:
-            self._group = None
+            self._coupling_outer_t = outer[:, pos[:, 0], pos[:, 1]].t().contiguous().to(m.dtype).to(m.device)  # [P, R]
+            # the tree-sparse pattern cannot hold a coupling row that spans two branches
+            self._coupling_pos_tree = self._tree.positions(pos[:, 0], pos[:, 1])
+            if self._coupling_pos_tree is None:
+                self._tree = None
+        if self.solver is LinearSolver.TREE and self._tree is None:
+            raise ValueError(
+                f"{m.name}: a joint-space coupling row (fixed tendon or mimic joint) joins two branches of the "
+                "tree, so the tree-sparse solver cannot be used; use solver='dense'"
+            )
 
     # ------------------------------------------------------------------------------------------------
     def step(self, state: State, control: Control | None = None) -> StepResult:
@@ -158,96 +236,141 @@ class Simulator:
             m.check_state(q, qd)
             control.check(m, q.shape[0])
         w = q.shape[0]
+        tree = self._use_tree(w, q.device)
 
         # -- once per step: kinematics, inertia, bias, loads ----------------------------------------------
-        # The dense [W, nv, nv] matrices are the memory-heaviest objects: the Hessian is formed once per
-        # iteration in one product (mass and contact stiffness composited together, lower triangle only,
-        # which is all the Cholesky factorisation reads), and M x products go through the tree instead.
+        # Inside the step everything per DOF is DOF-major ([nv, W], worlds innermost) like the tree
+        # quantities ([B, W]) and contact points ([C, W]). The Hessian is assembled once per iteration
+        # from subtree composites (mass and contact stiffness together); M x products are never formed
+        # separately: the Newton system gives M dv.
         fr = compute_frames(m, q)
-        inertia = spatial_inertias(m, fr)
-        inertia_dof = composite(m, inertia)  # subtree inertias per DOF, 10 x [nv, W]
-        twists = []
-        force = -_rnea(m, fr, inertia, qd, None, twists_out=twists)  # generalized force at zero acceleration
-        if control.tau_external is not None:
-            force = force + control.tau_external
         s = fr.motion
+        inertia = spatial_inertias(m, fr)
+        qd_t = qd.t().contiguous()
+        twists = []
+        force = _rnea(m, fr, inertia, qd_t, None, twists_out=twists, dof_major=True).neg_()  # -c(q, qd)
+        if control.tau_external is not None:
+            force = force.add_(control.tau_external.t())
         drive = self._drive(control, q, w)
-        qs = q[:, m.scalar_q] * self._scalar  # scalar joint values (0 elsewhere)
+        qs = q.t().index_select(0, m.scalar_q).mul_(self._scalar)  # scalar joint values (0 elsewhere)
+        spring0 = (qs - self._spring_ref).mul_(self._spring_h) if self._has_springs else None
         pinned = control.pinned
-        v = qd
+        v = qd_t
         if pinned is not None:
-            pv = control.pinned_qd if control.pinned_qd is not None else torch.zeros_like(qd)
-            v = torch.where(pinned, pv, qd)
-            free = (~pinned).to(m.dtype)
-            pin_eye = torch.diag_embed(pinned.to(m.dtype))
+            pin_b = pinned.t()
+            pv = control.pinned_qd.t() if control.pinned_qd is not None else torch.zeros_like(qd_t)
+            v = torch.where(pin_b, pv, qd_t)
+            pin_t = pin_b.to(m.dtype)
+            free_t = 1.0 - pin_t
+            if tree:
+                pin_entries = free_t.index_select(0, tree.row).mul_(free_t.index_select(0, tree.col))
+            else:
+                free_w = free_t.t()
+                pin_eye = torch.diag_embed(pin_t.t())
+        if tree:  # DOF motions at the column of every stored Hessian entry, per component
+            s_col = [c.index_select(0, tree.col) for c in s]
+        u = depth0 = None
         if self._has_contact:
             geo = contact_geometry(m, fr)
             offset, depth0 = geo.offset, geo.depth
-            tw = twists[0] if pinned is None else body_twists(m, s, v.t().contiguous())
+            depth_reach = depth0 + self._reach
+            neg_offset = (-offset[1], -offset[2])
+            tw = twists[0] if pinned is None else body_twists(m, fr.motion_stack, v)
             u = point_velocities(m, tw, offset)  # linear in v: updated below, never recomputed
+            nb = m.num_bodies
+            body_base = torch.cat([torch.stack(inertia, dim=1), inertia[0].new_zeros(nb, 12, w)], dim=1)  # [B, 22, W]
+            points = torch.empty(m.num_contact_points, 22, w, dtype=m.dtype, device=m.device)
         else:
-            mass_lower = joint_space_lower(m, apply_inertia(inertia_dof, s), fr.motion_rows)
-        # M (v - qd), kept up to date below
+            mass_applied = apply_inertia(composite(m, inertia), s)
+            if tree:
+                mass_h = self._assemble(tree, s_col, mass_applied)
+            else:
+                mass_h = joint_space_lower(m, mass_applied, fr.motion_rows)
+        # M (v - qd), kept up to date below (its contact part as pending point forces)
         if pinned is None:
-            mvq = torch.zeros_like(qd)
+            mvq = torch.zeros_like(v)
         else:
-            dvq = v - qd
-            mvq = self._mass_times(inertia, s, body_twists(m, s, dvq.t().contiguous()), dvq)
+            dvq = v - qd_t
+            tw_q = body_twists(m, fr.motion_stack, dvq)
+            mvq = generalized_forces_t(m, s, apply_inertia(inertia, tw_q)).addcmul_(self._armature, dvq)
+        pending = None
 
-        for _ in range(self.iterations):
-            grad, hdiag, lim_active = self._joint_terms(v, qs, drive)
-            grad = grad + mvq - h * force
-            cterms = None
+        for it in range(self.iterations):
+            last = it == self.iterations - 1
+            grad, hd, jaux = self._joint_terms(v, qs, spring0, drive)
+            grad = grad.add_(mvq).add_(force, alpha=-h)
+            caux = None
             if self._has_contact:
-                cg, feats, cterms = self._contact_terms(u, depth0, offset)
-                grad = grad - h * generalized_forces(m, s, cg)
-                comp = composite(m, feats)
-                joint = tuple(a + b for a, b in zip(inertia_dof, comp[:10])) + comp[10:]
-                hess = joint_space_lower(m, apply_point_stiffness(joint, s), fr.motion_rows)
+                caux = self._contact_terms(u, depth0, depth_reach, offset, neg_offset, pending, points)
+                body = body_base.clone().index_add_(0, m.contact_point_body, points)
+                comp_t = (m.dof_subtree @ body.view(nb, -1)).view(m.nv, 22, w)
+                grad = grad.sub_((fr.motion_stack * comp_t[:, 16:]).sum(1))  # J^T (h f - pending)
+                applied = apply_point_stiffness(comp_t[:, :16].unbind(1), s)
+                hess = self._assemble(tree, s_col, applied) if tree else joint_space_lower(m, applied, fr.motion_rows)
             else:
-                hess = mass_lower.clone(memory_format=torch.preserve_format)
-            hess.diagonal(dim1=-2, dim2=-1).add_(hdiag + m.armature)
-            coup_active = None
+                hess = mass_h.clone(memory_format=torch.preserve_format)
+            diag = hd + self._armature
+            if tree:
+                hess.index_add_(0, tree.diag, diag.expand(-1, w))
+            else:
+                hess.diagonal(dim1=-2, dim2=-1).add_(diag.t())
+            coup = None
             if self._has_couplings:
-                cgrad, coup_active = self._coupling_terms(v, qs, hess)
-                grad = grad + cgrad
+                cgrad, coup, cvals = self._coupling_terms(v, qs)
+                grad = grad.add_(cgrad)
+                if tree:
+                    hess.index_add_(0, self._coupling_pos_tree, cvals)
+                else:
+                    hess.mT.reshape(w, -1).index_add_(1, self._coupling_pos_t, cvals.t())
             if pinned is not None:
-                grad = grad * free
-                hess = hess * free[:, :, None] * free[:, None, :] + pin_eye
-            chol, _ = torch.linalg.cholesky_ex(hess)
-            dv = -torch.cholesky_solve(grad[..., None], chol)[..., 0]
-            tw_dv = body_twists(m, s, dv.t().contiguous())
-            mdv = self._mass_times(inertia, s, tw_dv, dv)
-            du = point_velocities(m, tw_dv, offset) if self._has_contact else None
-            if self._line_search:
-                alpha = self._step_length(
-                    v,
-                    dv,
-                    grad,
-                    mvq,
-                    mdv,
-                    force,
-                    qs,
-                    drive,
-                    (lim_active, coup_active),
-                    u if self._has_contact else None,
-                    du,
-                    depth0 if self._has_contact else None,
-                    cterms,
-                )
-                a_v, a_u = alpha[:, None], alpha[None, :]
+                grad = grad.mul_(free_t)
+                if tree:
+                    hess = hess.mul_(pin_entries).index_add_(0, tree.diag, pin_t)
+                else:
+                    hess = hess * free_w[:, :, None] * free_w[:, None, :] + pin_eye
+            if tree:
+                dv = tree.solve_(tree.factor_(hess), grad.neg())
             else:
-                a_v = a_u = 1.0
-            v = v + a_v * dv
-            mvq = mvq + a_v * mdv
+                chol, _ = torch.linalg.cholesky_ex(hess)
+                dv = torch.cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
+            du = point_velocities(m, body_twists(m, fr.motion_stack, dv), offset) if self._has_contact else None
+            if not (self._line_search or not last):
+                v = v.add(dv)
+                if self._has_contact:
+                    u = tuple(a + b for a, b in zip(u, du))
+                continue
+            # M dv on the free DOFs from the Newton system H dv = -grad, H = M + K_contact + diag(hd) + C^T W C
+            mdv = grad.add(hd * dv)
+            if coup is not None:
+                mdv = mdv.add_(self._coupling_t @ (coup[1] * (self._coupling @ dv)))
+            mdv = mdv.neg_()
+            kdu = None
+            dmd = (dv * mdv).sum(0)
             if self._has_contact:
-                u = tuple(a + a_u * b for a, b in zip(u, du))
+                kt, kn = caux[2], caux[3]
+                kdu = (kt * du[0], kt * du[1], kn * du[2])
+                dmd = dmd - (kdu[0] * du[0] + kdu[1] * du[1] + kdu[2] * du[2]).sum(0)  # - du.K du
+            if self._line_search:
+                de = (dv * torch.add(mvq, force, alpha=-h)).sum(0) + 0.5 * dmd
+                if pending is not None:
+                    de = de + (pending[0] * du[0] + pending[1] * du[1] + pending[2] * du[2]).sum(0)
+                alpha = self._step_length(v, dv, grad, de, qs, drive, jaux, coup, u, du, depth0, caux)
+                a_row = alpha[None, :]
+            else:
+                a_row = 1.0
+            v = v + a_row * dv
+            if self._has_contact:
+                u = tuple(a + a_row * b for a, b in zip(u, du))
+            if not last:
+                mvq = mvq + a_row * mdv
+                if self._has_contact:  # - alpha K du, mapped with the next iteration's contact forces
+                    kdu = tuple(-a_row * k for k in kdu)
+                    pending = kdu if pending is None else tuple(p + k for p, k in zip(pending, kdu))
 
         # -- report and advance ---------------------------------------------------------------------------
-        drive_a, drive_b, effort = drive[0], drive[1], drive[2]
-        x = drive_a - drive_b * v
-        tau = torch.maximum(torch.minimum(x, effort), -effort)
-        saturated = x.abs() > effort
+        x = torch.addcmul(drive.a, drive.b, v, value=-1.0)
+        tau = torch.clamp(x, -self._effort, self._effort)
+        saturated = x.abs() > self._effort
         if self._has_contact:
             cp = m.contact
             ux, uy, uz = u
@@ -262,168 +385,195 @@ class Simulator:
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
-        q_new = m.layout.integrate(q, v, h)
-        finite = torch.isfinite(q_new).all(-1) & torch.isfinite(v).all(-1)
+        v_w = v.t()
+        q_new = m.layout.integrate(q, v_w, h)
+        finite = torch.isfinite(q_new).all(-1) & torch.isfinite(v_w).all(-1)
         frozen = state.frozen | ~finite
         newly = frozen & ~state.frozen
         q_out = torch.where(frozen[:, None], q, q_new)
-        v_out = torch.where(frozen[:, None], qd, v)
+        v_out = torch.where(frozen[:, None], qd, v_w).contiguous()
         return StepResult(
             state=State(q=q_out, qd=v_out, frozen=frozen),
             contact_normal_force=normal,
             contact_friction_force=friction,
             contact_depth=cdepth,
             contact_position=cpos,
-            drive_force=tau,
-            drive_force_requested=x,
-            drive_saturated=saturated,
+            drive_force=tau.t().contiguous(),
+            drive_force_requested=x.t().contiguous(),
+            drive_saturated=saturated.t().contiguous(),
             nonfinite=newly,
         )
 
     # -- terms --------------------------------------------------------------------------------------------
-    def _drive(self, control: Control, q: torch.Tensor, w: int):
-        """``(a, b, effort)`` with the drive force ``clamp(a - b v, -effort, effort)``."""
+    def _use_tree(self, w: int, device: torch.device) -> TreePattern | None:
+        """The tree pattern when this step solves with it (a choice by shape and device only)."""
+        if self.solver is LinearSolver.DENSE or self._tree is None:
+            return None
+        if self.solver is LinearSolver.TREE or (device.type == "cpu" and w >= _TREE_MIN_WORLDS_CPU):
+            return self._tree
+        return None
+
+    @staticmethod
+    def _assemble(tree: TreePattern, s_col: list, applied) -> torch.Tensor:
+        """``[nnz, W]`` stored entries ``H[i, j] = s_j . (Xc_body(i) s_i)`` (``i >= j``) of the joint-space
+        matrix whose subtree-composite operators applied to each DOF's motion are ``applied``
+        (6 x ``[nv, W]``); ``s_col``: the motion components gathered at the entries' columns."""
+        out = s_col[0] * applied[0].index_select(0, tree.row)
+        for sc, f in zip(s_col[1:], applied[1:]):
+            out = out.addcmul_(sc, f.index_select(0, tree.row))
+        return out
+
+    def _drive(self, control: Control, q: torch.Tensor, w: int) -> _Drive:
         m, h = self.model, self.dt
         kp = m.drive_stiffness if control.drive_stiffness is None else control.drive_stiffness
         kd = m.drive_damping if control.drive_damping is None else control.drive_damping
-        kp = kp.expand(w, -1)
-        kd = kd.expand(w, -1)
         if control.q_target is not None:
             a = kp * m.layout.difference(control.q_target, q)
             b = h * kp + kd
         else:
-            a = torch.zeros(w, m.nv, dtype=m.dtype, device=m.device)
+            a = None
             b = kd
         if control.qd_target is not None:
-            a = a + kd * control.qd_target
+            a = kd * control.qd_target if a is None else a.addcmul_(kd, control.qd_target)
         if control.tau_feedforward is not None:
-            a = a + control.tau_feedforward
-        return a, b, m.effort_limit.expand(w, -1)
+            a = control.tau_feedforward if a is None else a + control.tau_feedforward
+        a = torch.zeros(m.nv, w, dtype=m.dtype, device=m.device) if a is None else a.t().contiguous()
+        b = b.reshape(-1, 1) if b.dim() == 1 else b.t().contiguous()
+        pos = b > 0
+        e_coef = torch.where(pos, (0.5 * h) / torch.where(pos, b, 1.0), 0.0)
+        e_const = None
+        model_gains = control.drive_stiffness is None and control.drive_damping is None
+        if not (model_gains and self._drive_b_positive[control.q_target is not None]):
+            e_const = torch.where(pos, 0.0, h * torch.clamp(a, -self._effort, self._effort))
+        return _Drive(a=a, b=b, hb=h * b, e_coef=e_coef, e_const=e_const)
 
     def _joint_speed(self, v: torch.Tensor) -> torch.Tensor:
-        """Speed each DOF's dry friction sees: ``|v|`` (hinge, slide), the angular speed (ball)."""
+        """Speed each DOF's dry friction sees: ``|v|`` (hinge, slide), the angular speed (ball); DOF-major,
+        any leading dimensions."""
         if self._group is None:
             return v.abs()
-        return torch.sqrt(torch.matmul(v * v, self._group))
+        return torch.sqrt(torch.matmul(self._group, v * v))
 
-    def _joint_terms(self, v, qs, drive):
-        """Gradient and diagonal Hessian of the joint-space terms at ``v`` (``[W, nv]`` each)."""
+    def _joint_terms(self, v, qs, spring0, drive: _Drive):
+        """Gradient ``[nv, W]``, diagonal Hessian (everything on the diagonal except the armature) and
+        the lagged limit activity of the joint-space terms at ``v``."""
         m, h = self.model, self.dt
-        grad = (
-            h * (m.damping * v + m.spring_stiffness * (qs + h * v - m.spring_ref))
-            if (self._has_damping or self._has_springs)
-            else torch.zeros_like(v)
-        )
-        hdiag = self._diag_const.expand_as(v)
+        if spring0 is not None:
+            grad = torch.addcmul(spring0, self._diag_const, v)
+        elif self._has_damping:
+            grad = self._diag_const * v
+        else:
+            grad = torch.zeros_like(v)
+        hd = self._diag_const
         lim_active = None
         if self._j_has_dry:
-            wgt = _phi_derivative_over_x(self._joint_speed(v), m.friction_falloff, self._j_ratio, self._j_stribeck)
-            grad = grad + h * self._j_mu0 * wgt * v
-            hdiag = hdiag + h * self._j_mu0 * wgt
+            wgt = _phi_derivative_over_x(self._joint_speed(v), self._j_falloff, self._j_ratio, self._j_stribeck)
+            wgt = wgt.mul_(self._j_mu0h)
+            grad = grad.addcmul_(wgt, v)
+            hd = hd + wgt
         if self._has_limits:
-            qn = qs + h * v
-            over = torch.clamp(qn - m.upper, min=0.0)
-            under = torch.clamp(m.lower - qn, min=0.0)
-            lim_active = ((over > 0) | (under > 0)).to(m.dtype)
-            grad = grad + h * m.limit_stiffness * (over - under) + h * m.limit_damping * lim_active * v
-            hdiag = hdiag + (h * h * m.limit_stiffness + h * m.limit_damping) * lim_active
-        a, b, effort = drive
-        x = a - b * v
-        ax = x.abs()
-        grad = grad - h * torch.maximum(torch.minimum(x, effort), -effort)
-        # majorizing curvature of the clamped drive: b inside the limit, b * limit / |x| outside
-        hdiag = hdiag + h * b * torch.clamp(effort / torch.clamp(ax, min=1e-30), max=1.0)
-        return grad, hdiag, lim_active
+            qn = torch.add(qs, v, alpha=h)
+            lim = qn - torch.clamp(qn, self._lower, self._upper)  # distance beyond the range (signed)
+            lim_active = (lim != 0).to(m.dtype)
+            grad = grad.addcmul_(self._klim_h, lim).addcmul_(self._dlim_h * lim_active, v)
+            hd = hd + self._lim_curv * lim_active
+        x = torch.addcmul(drive.a, drive.b, v, value=-1.0)
+        if self._has_effort:
+            grad = grad.add_(torch.clamp(x, -self._effort, self._effort), alpha=-h)
+            # majorizing curvature of the clamped drive: b inside the limit, b * limit / |x| outside
+            hd = hd + drive.hb * torch.clamp(self._effort / torch.clamp(x.abs(), min=1e-30), max=1.0)
+        else:
+            grad = grad.add_(x, alpha=-h)
+            hd = hd + drive.hb
+        return grad, hd, lim_active
 
-    def _mass_times(self, inertia, s, twists, x):
-        """``M x`` through the tree (no dense matrix): ``sum_b J_b^T I_b (J_b x) + armature x``, given the
-        body twists of ``x``."""
-        m = self.model
-        return generalized_forces(m, s, apply_inertia(inertia, twists)) + m.armature * x
+    def _coupling_terms(self, v, qs):
+        """Gradient ``[nv, W]``, ``(values [R, W], Hessian weights [R, W], activity [R, W], rates [R, W])`` and
+        the Hessian entries ``[P, W]`` (at ``_coupling_pos_tree`` / ``_coupling_pos_t``) of the joint-space
+        coupling rows at ``v``."""
+        h = self.dt
+        rate = self._coupling @ v  # [R, W]
+        ln = torch.addmm(self._coupling @ qs, self._coupling, v, alpha=h)  # values at the end of the step
+        lim = ln - torch.clamp(ln, self._c_lower, self._c_upper)
+        act = (lim != 0).to(v.dtype)
+        force = self._c_kh * lim + self._c_dh * act * rate
+        weight = self._c_curv * act
+        return self._coupling_t @ force, (act, weight), self._coupling_outer_t @ weight
 
-    def _coupling_terms(self, v, qs, hess):
-        """Gradient and activity of the joint-space coupling rows at ``v``; their rank-R Hessian is added
-        in place to the lower triangle of ``hess`` (a few entries per row)."""
-        m, h = self.model, self.dt
-        ln = (qs + h * v) @ self._coupling_t  # [W, R] values at the end of the step
-        rate = v @ self._coupling_t
-        over = torch.clamp(ln - m.coupling_upper, min=0.0)
-        under = torch.clamp(m.coupling_lower - ln, min=0.0)
-        act = ((over > 0) | (under > 0)).to(m.dtype)
-        force = h * (m.coupling_stiffness * (over - under) + m.coupling_damping * act * rate)
-        grad = force @ m.coupling_matrix
-        weight = (h * h * m.coupling_stiffness + h * m.coupling_damping) * act  # [W, R]
-        # hess is a transposed view: its (i, j) entry lives at j * nv + i of the underlying array
-        hess.mT.reshape(hess.shape[0], -1).index_add_(1, self._coupling_pos_t, weight @ self._coupling_outer)
-        return grad, act
-
-    def _contact_terms(self, u, depth0, offset):
-        """Contact forces at the current iterate (as body forces) and the stiffness features of the
-        Newton model, plus the lagged quantities the line search keeps fixed."""
+    def _contact_terms(self, u, depth0, depth_reach, offset, neg_offset, pending, out):
+        """Contact point forces at the current iterate (times ``h``, less the pending ``alpha K du`` of
+        earlier iterations) and the point-stiffness features of the Newton model, written into ``out
+        [C, 22, W]`` (16 features, see :func:`~kangengine.sim.contact.point_stiffness_features`, then the
+        spatial force: moment about the reference origin, force). Returns the lagged quantities the line
+        search keeps fixed and the curvatures ``(act, mu_lam, k_tangent, k_normal)``."""
         m, h = self.model, self.dt
         cp = m.contact
         ux, uy, uz = u
-        depth = depth0 - h * uz
+        rx, ry, rz = offset
+        depth = torch.add(depth0, uz, alpha=-h)
         act = (depth > 0).to(m.dtype)
-        fz = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * uz
-        mu_lam = self._c_mu0 * torch.clamp(fz, min=0.0)
+        fz = torch.clamp(depth, min=0.0).mul_(cp.stiffness).sub_(act * uz, alpha=cp.damping)
+        mu_lam = torch.clamp(fz, min=0.0).mul_(self._c_mu0)
         slip = torch.sqrt(ux * ux + uy * uy)
-        fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * mu_lam
+        kt = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck).mul_(mu_lam).mul_(h)
         # curvature: the penalty also for points that could reach the ground in this step (a majorizer)
-        near = ((depth0 + h * uz.abs() + self._reach) > 0).to(m.dtype)
-        kn = h * (h * cp.stiffness + cp.damping) * torch.maximum(act, near)
-        feats = point_stiffness_features(m, offset, h * fw, kn)
-        return point_forces_to_bodies(m, offset, (-fw * ux, -fw * uy, fz)), feats, (act, mu_lam)
+        kn = (torch.add(depth_reach, uz.abs(), alpha=h) > 0).to(m.dtype).mul_(self._kn_const)
+        o = out.unbind(1)
+        # stiffness features: ten numbers of the point "mass" k_t, six moments of k_n - k_t
+        o[0].copy_(kt)
+        kx, ky, kz = torch.mul(kt, rx, out=o[1]), torch.mul(kt, ry, out=o[2]), torch.mul(kt, rz, out=o[3])
+        pxx, pyy, pzz = kx * rx, ky * ry, kz * rz
+        torch.add(pyy, pzz, out=o[4])
+        torch.add(pxx, pzz, out=o[5])
+        torch.add(pxx, pyy, out=o[6])
+        nry, nrz = neg_offset
+        torch.mul(kx, nry, out=o[7])
+        torch.mul(kx, nrz, out=o[8])
+        torch.mul(ky, nrz, out=o[9])
+        dk = torch.sub(kn, kt, out=o[10])
+        dx, dy = torch.mul(dk, rx, out=o[11]), torch.mul(dk, ry, out=o[12])
+        torch.mul(dx, rx, out=o[13])
+        torch.mul(dx, ry, out=o[14])
+        torch.mul(dy, ry, out=o[15])
+        # spatial force of h f (friction -h fw u_t = -kt u_t, normal h fz) less the pending K du
+        fx, fy, fzh = torch.mul(kt, ux, out=o[19]), torch.mul(kt, uy, out=o[20]), torch.mul(fz, h, out=o[21])
+        fx.neg_()
+        fy.neg_()
+        if pending is not None:
+            fx.sub_(pending[0])
+            fy.sub_(pending[1])
+            fzh.sub_(pending[2])
+        torch.mul(ry, fzh, out=o[16]).addcmul_(rz, fy, value=-1.0)
+        torch.mul(rz, fx, out=o[17]).addcmul_(rx, fzh, value=-1.0)
+        torch.mul(rx, fy, out=o[18]).addcmul_(ry, fx, value=-1.0)
+        return act, mu_lam, kt, kn
 
-    def _joint_energy(self, v, qs, drive, active):
-        """Per-DOF energy of the joint-space terms for velocities ``v [W, A, nv]`` (lagged limit damping)."""
-        m, h = self.model, self.dt
-        e = torch.zeros_like(v)
-        if self._has_damping:
-            e = e + 0.5 * h * m.damping * v * v
-        if self._has_springs:
-            r = qs[:, None] + h * v - m.spring_ref
-            e = e + 0.5 * m.spring_stiffness * r * r
-        if self._j_has_dry:
-            sp = self._joint_speed(v.reshape(-1, m.nv)).reshape(v.shape)
-            ej = h * self._j_mu0 * friction_phi(sp, m.friction_falloff, self._j_ratio, self._j_stribeck)
-            e = e + (ej / self._group_size if self._group is not None else ej)
-        lim_active, coup_active = active
-        if self._has_limits:
-            qn = qs[:, None] + h * v
-            over = torch.clamp(qn - m.upper, min=0.0)
-            under = torch.clamp(m.lower - qn, min=0.0)
-            e = e + 0.5 * m.limit_stiffness * (over * over + under * under)
-            e = e + 0.5 * h * m.limit_damping * lim_active[:, None] * v * v
-        if self._has_couplings:  # added to the first DOF's entry: only sums over DOFs are used
-            ln = (qs[:, None] + h * v) @ self._coupling_t  # [W, A, R]
-            rate = v @ self._coupling_t
-            over = torch.clamp(ln - m.coupling_upper, min=0.0)
-            under = torch.clamp(m.coupling_lower - ln, min=0.0)
-            ec = 0.5 * m.coupling_stiffness * (over * over + under * under)
-            ec = ec + 0.5 * h * m.coupling_damping * coup_active[:, None] * rate * rate
-            e = torch.cat([e[..., :1] + ec.sum(-1, keepdim=True), e[..., 1:]], dim=-1)
-        a, b, effort = (x[:, None] for x in drive)
-        # drive: h/b huber(a - b v); with b = 0 the constant force clamp(a)
-        hub = huber(a - b * v, effort) * (h / torch.clamp(b, min=1e-30))
-        const = -h * torch.maximum(torch.minimum(a, effort), -effort) * v
-        return e + torch.where(b > 0, hub, const)
-
-    def _step_length(self, v, dv, grad, mvq, mdv, force, qs, drive, active, u, du, depth0, cterms):
+    def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, u, du, depth0, caux):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
         (at least a quarter of the decrease the quadratic model predicts), else the minimiser of the
         quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
 
-        Energy changes use this iteration's lagged quantities (normal forces under friction, active
-        dampers); the inertial part is exact: ``dv.M(v - qd) + 1/2 dv.M dv - h force.dv``."""
+        ``de`` holds the exact change of the inertial part, ``dv.M(v - qd) + 1/2 dv.M dv - h force.dv``;
+        the other terms are evaluated at ``v`` and ``v + dv`` with this iteration's lagged quantities
+        (normal forces under friction, active dampers)."""
         m, h = self.model, self.dt
-        de = (dv * (mvq - h * force)).sum(-1) + 0.5 * (dv * mdv).sum(-1)
-        vv = torch.stack([v, v + dv], dim=1)  # [W, 2, nv]
-        ej = self._joint_energy(vv, qs, drive, active)
-        de = de + (ej[:, 1] - ej[:, 0]).sum(-1)
+        vv = torch.stack([v, v + dv])  # [2, nv, W]
+        e = self._joint_energy(vv, qs, drive, lim_active)
+        de = de + (e[1] - e[0]).sum(0)
+        if coup is not None:
+            act = coup[0]
+            r0 = self._coupling @ v
+            r1 = r0 + self._coupling @ dv
+            base = self._coupling @ qs
+            ec = []
+            for r in (r0, r1):
+                ln = torch.add(base, r, alpha=h)
+                lim = ln - torch.clamp(ln, self._c_lower, self._c_upper)
+                ec.append(self._c_ek * lim * lim + self._c_ed * act * r * r)
+            de = de + (ec[1] - ec[0]).sum(0)
         if u is not None:
             cp = m.contact
-            act, mu_lam = cterms
+            act, mu_lam = caux[0], caux[1]
 
             def energy(ux, uy, uz):
                 d = torch.clamp(depth0 - h * uz, min=0.0)
@@ -432,9 +582,36 @@ class Simulator:
                 return e + h * mu_lam * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
 
             de = de + (energy(*(a + b for a, b in zip(u, du))) - energy(*u)).sum(0)
-        slope = (grad * dv).sum(-1)  # < 0: dv is a descent direction (H is positive definite)
+        slope = (grad * dv).sum(0)  # < 0: dv is a descent direction (H is positive definite)
         curv = de - slope
         backtrack = torch.clamp(-slope / torch.clamp(2.0 * curv, min=1e-30), min=0.05, max=1.0)
         backtrack = torch.where(torch.isfinite(backtrack), backtrack, torch.full_like(backtrack, 0.05))
         good = de <= 0.25 * slope
         return torch.where(good, torch.ones_like(de), backtrack)
+
+    def _joint_energy(self, vv, qs, drive: _Drive, lim_active):
+        """Per-DOF energy of the joint-space terms for velocities ``vv [A, nv, W]`` (lagged limit damping)."""
+        h = self.dt
+        v2 = vv * vv
+        e = self._e_damp * v2 if self._has_damping else torch.zeros_like(vv)
+        if self._has_springs:
+            r = torch.add(qs - self._spring_ref, vv, alpha=h)
+            e = e.addcmul_(self._e_spring, r * r)
+        if self._j_has_dry:
+            ej = self._j_mu0h * friction_phi(self._joint_speed(vv), self._j_falloff, self._j_ratio, self._j_stribeck)
+            e = e + (ej / self._group_size if self._group is not None else ej)
+        if self._has_limits:
+            qn = torch.add(qs, vv, alpha=h)
+            lim = qn - torch.clamp(qn, self._lower, self._upper)
+            e = e.addcmul_(self._e_klim, lim * lim).addcmul_(self._e_dlim * lim_active, v2)
+        # drive: h/b huber(a - b v, effort); with b = 0 the constant force clamp(a)
+        x = torch.addcmul(drive.a, drive.b, vv, value=-1.0)
+        if self._has_effort:
+            ax = x.abs()
+            lim = torch.minimum(ax, self._effort)
+            e = e.addcmul_(drive.e_coef, lim * (2.0 * ax - lim))
+        else:
+            e = e.addcmul_(drive.e_coef, x * x)
+        if drive.e_const is not None:
+            e = e.addcmul_(drive.e_const, vv, value=-1.0)
+        return e

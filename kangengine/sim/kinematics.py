@@ -18,6 +18,7 @@ the tree are matrix products ``[m, n] @ [n, W]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -39,8 +40,10 @@ class Frames:
         body_rot: 9 x ``[B, W]``, rotation matrices ``world_from_body`` (row-major).
         body_quat: ``[W, B, 4]`` WXYZ ``world_from_body``.
         motion: 6 x ``[nv, W]`` per DOF: (angular velocity, velocity of the point at ``origin``) for a unit
-            DOF rate, world axes.
-        motion_rows: ``[W, nv, 6]`` the same, world-major (for the joint-space products).
+            DOF rate, world axes (views of ``motion_stack``).
+        motion_stack: ``[nv, 6, W]`` the same, stacked.
+        motion_rows: ``[W, nv, 6]`` the same, world-major (for the dense joint-space products; computed
+            on first use).
     """
 
     origin: Comps
@@ -48,7 +51,11 @@ class Frames:
     body_rot: Comps
     body_quat: torch.Tensor
     motion: Comps
-    motion_rows: torch.Tensor
+    motion_stack: torch.Tensor
+
+    @cached_property
+    def motion_rows(self) -> torch.Tensor:
+        return self.motion_stack.permute(2, 0, 1).contiguous()
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,21 +156,25 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     ja = tuple(a - o for a, o in zip(anchor, origin))
     ang = tuple(c * model.dof_is_angular_c for c in axes)
     lin = tuple(c * model.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
-    motion = ang + lin
-    motion_rows = torch.stack(motion, dim=-1).permute(1, 0, 2).contiguous()
+    motion_stack = torch.stack(ang + lin, dim=1)  # [nv, 6, W]
     return Frames(
         origin=origin,
         body_pos=bp,
         body_rot=rot,
         body_quat=body_quat,
-        motion=motion,
-        motion_rows=motion_rows,
+        motion=motion_stack.unbind(1),
+        motion_stack=motion_stack,
     )
 
 
-def body_twists(model: Model, motion: Comps, qd_t: torch.Tensor) -> Comps:
+def body_twists(model: Model, motion: Comps | torch.Tensor, qd_t: torch.Tensor) -> Comps:
     """6 x ``[B, W]`` spatial velocities (angular, velocity of the point at the reference origin) of every
-    body for generalized velocities ``qd_t [nv, W]`` (DOF-major)."""
+    body for generalized velocities ``qd_t [nv, W]`` (DOF-major). ``motion``: the DOF motions as 6 x
+    ``[nv, W]`` or stacked ``[nv, 6, W]`` (``Frames.motion_stack``, one product fewer)."""
+    if isinstance(motion, torch.Tensor):
+        x = motion * qd_t[:, None, :]
+        n, k, w = x.shape
+        return (model.dof_moves_body @ x.view(n, k * w)).view(-1, k, w).unbind(1)
     return tree_product(tuple(s * qd_t for s in motion), model.dof_moves_body)
 
 

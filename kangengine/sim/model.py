@@ -94,7 +94,8 @@ class Model:
 
     Bodies:
         body_mass ``[B]`` kg; body_com ``[B, 3]`` m (body frame); body_inertia ``[B, 3, 3]`` kg m^2 about
-        the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off;
+        the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off
+        (uniform_gravity: on for every body);
         gravity ``[3]`` m/s^2 (world); gravity_t, body_com_t, body_inertia_t: the same as per-component
         tuples (floats; ``[B, 1]`` columns; xx, xy, xz, yy, yz, zz) for the component-wise maths, and
         ``*_c`` fields: ``[n, 1]`` column copies of per-entity constants.
@@ -112,7 +113,8 @@ class Model:
         dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_above_strict (a proper
         ancestor); dof_coupled ``[nv, nv]`` (one of the two);
         dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in. moves_t,
-        subtree_t, frame_t: transposes (contiguous) used by the tree products.
+        subtree_t, frame_t: transposes (contiguous) used by the tree products. dof_subtree ``[nv, B]``:
+        the bodies of each DOF's subtree (``subtree[dof_body]``).
     Contacts (``C`` points, flat, ordered by body):
         contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
         of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
@@ -198,6 +200,8 @@ class Model:
     coupling_names: tuple[str, ...] = ()
     has_ball_friction: bool = False
     extras: dict = field(default_factory=dict)
+    dof_subtree: torch.Tensor = None
+    uniform_gravity: bool = False
 
     # -- sizes ----------------------------------------------------------------------------------------
     @property
@@ -495,6 +499,8 @@ class Model:
             coupling_damping=t(coup["damping"]),
             coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
+            dof_subtree=t(anc[dof_body]),
+            uniform_gravity=bool(np.all(grav_mask == 1.0)),
         )
 
     # -- helpers ------------------------------------------------------------------------------------------
