@@ -200,8 +200,43 @@ def _sincos(ir: _IR, x: str, bad: list[str]) -> tuple[str, str]:
 _BINOPS = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 
 
+def _transpose(ir: _IR, vecs: list[str]) -> list[str]:
+    """Transpose ``W`` vectors of ``W`` lanes (``out[j][r] = vecs[r][j]``): log2(W) stages of pairwise
+    shuffles, each swapping the off-diagonal blocks of the next smaller block size."""
+    W, V = ir.W, ir.V
+    v = list(vecs)
+    b = W // 2
+    while b >= 1:
+        lo = "<" + ", ".join(f"i32 {l if not l & b else W + l - b}" for l in range(W)) + ">"
+        hi = "<" + ", ".join(f"i32 {l + b if not l & b else W + l}" for l in range(W)) + ">"
+        new = list(v)
+        for i in range(W):
+            if not i & b:
+                new[i] = ir.emit(f"shufflevector {V} {v[i]}, {V} {v[i + b]}, <{W} x i32> {lo}")
+                new[i + b] = ir.emit(f"shufflevector {V} {v[i]}, {V} {v[i + b]}, <{W} x i32> {hi}")
+        v = new
+        b //= 2
+    return v
+
+
+def _groups(cols, last: int, W: int) -> tuple[list[int], list[int]]:
+    """Split ``cols`` (columns of one array) into starts of whole ``W``-column groups inside ``[0, last]``
+    that contain at least one of them, and the columns left over."""
+    starts, rest = [], []
+    for c0 in range(0, last + 1, W):
+        inside = [c for c in range(c0, c0 + W) if c in cols]
+        if inside and c0 + W - 1 <= last:
+            starts.append(c0)
+        else:
+            rest += inside
+    return starts, rest
+
+
 def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     """LLVM IR of a program.
+
+    A block of ``W`` frames is moved between the frame-major arrays and the frame-innermost vectors by
+    ``W x W`` register transposes (whole blocks) or element by element (the last, partial block).
 
     Args:
         ops: ``(dest, op, a, b)`` in program order; ``op`` is "load" (``a`` input array, ``b`` column),
@@ -214,6 +249,7 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     dt = np.dtype(dtype)
     ir = _IR(dt)
     V, W, T = ir.V, ir.W, ir.T
+    isz = dt.itemsize
     loads = {}  # (array, column) -> scratch row
     for _, op, a, b in ops:
         if op == "load":
@@ -224,9 +260,38 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     def val(x) -> str:
         return ir.splat(x) if isinstance(x, float) else vals[x]
 
+    def xin(row: int) -> str:
+        return ir.emit(f"getelementptr inbounds {T}, ptr %xin, i64 {row * W}")
+
+    def element(array: str, j: int, col: int) -> str:
+        """Pointer to column ``col`` of frame ``i0 + j`` of ``%{array}`` (frame stride ``%s{array}``)."""
+        idx = ir.emit(f"mul i64 {ir.emit(f'add i64 %i0, {j}')}, %s{array}")
+        return ir.emit(f"getelementptr inbounds {T}, ptr %{array}, i64 {ir.emit(f'add i64 {idx}, {col}')}")
+
+    # whole block in: W frames x W columns per vector load, transposed into column vectors
+    ir.lines = []
+    for a in range(n_in):
+        cols = {c: r for (k, c), r in loads.items() if k == a}
+        if not cols:
+            continue
+        starts, rest = _groups(cols, max(cols), W)
+        for c0 in starts:
+            rows = []
+            for j in range(W):
+                rows.append(ir.emit(f"load {V}, ptr {element(f'in{a}', j, c0)}, align {isz}"))
+            for lane, vec in enumerate(_transpose(ir, rows)):
+                if c0 + lane in cols:
+                    ir.lines.append(f"  store {V} {vec}, ptr {xin(cols[c0 + lane])}, align 64")
+        for c in rest:
+            for j in range(W):
+                x = ir.emit(f"load {T}, ptr {element(f'in{a}', j, c)}")
+                slot = ir.emit(f"getelementptr inbounds {T}, ptr %xin, i64 {cols[c] * W + j}")
+                ir.lines.append(f"  store {T} {x}, ptr {slot}")
+    gather_full = ir.lines
+
+    ir.lines = []
     for (a, col), row in loads.items():
-        p = ir.emit(f"getelementptr inbounds {T}, ptr %xin, i64 {row * W}")
-        vals[f"load{a},{col}"] = ir.emit(f"load {V}, ptr {p}, align 64")
+        vals[f"load{a},{col}"] = ir.emit(f"load {V}, ptr {xin(row)}, align 64")
     trig: dict[str, tuple[str, str]] = {}
     bad: list[str] = []
     for dest, op, a, b in ops:
@@ -244,9 +309,6 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
             vals[dest] = trig[a][0 if op == "cos" else 1]
         else:
             raise ValueError(f"unknown op {op!r} in traced program")
-    for row, (_, _, v) in enumerate(outputs):
-        p = ir.emit(f"getelementptr inbounds {T}, ptr %xout, i64 {row * W}")
-        ir.lines.append(f"  store {V} {val(v)}, ptr {p}, align 64")
     if bad:
         acc = bad[0]
         for m in bad[1:]:
@@ -256,12 +318,35 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
         ms = ir.emit(f"shufflevector <{W} x i64> {mi}, <{W} x i64> poison, <{W} x i32> zeroinitializer")
         live = ir.emit(f"icmp ult <{W} x i64> {lanes}, {ms}")  # lanes past the last frame do not count
         anyb = ir.emit(f"call i1 @llvm.vector.reduce.or.v{W}i1(<{W} x i1> {ir.emit(f'and <{W} x i1> {acc}, {live}')})")
-        badz = f"zext i1 {anyb} to i64"
+        ir.lines.append(f"  %badz = zext i1 {anyb} to i64")
     else:
-        badz = "add i64 0, 0"
+        ir.lines.append("  %badz = add i64 0, 0")
     compute = ir.lines
 
-    isz = dt.itemsize
+    # whole block out: W output columns transposed into W frame vectors, one vector store per frame
+    ir.lines = []
+    for a in range(n_out):
+        cols = {c: v for k, c, v in outputs if k == a}
+        if not cols:
+            continue
+        starts, rest = _groups(cols, max(cols), W)
+        starts = [c0 for c0 in starts if all(c0 + lane in cols for lane in range(W))]
+        rest = sorted(set(cols) - {c0 + lane for c0 in starts for lane in range(W)})
+        for c0 in starts:
+            for j, vec in enumerate(_transpose(ir, [val(cols[c0 + lane]) for lane in range(W)])):
+                ir.lines.append(f"  store {V} {vec}, ptr {element(f'out{a}', j, c0)}, align {isz}")
+        for c in rest:
+            for j in range(W):
+                x = ir.emit(f"extractelement {V} {val(cols[c])}, i64 {j}")
+                ir.lines.append(f"  store {T} {x}, ptr {element(f'out{a}', j, c)}")
+    scatter_full = ir.lines
+
+    ir.lines = []  # partial block: through the scratch rows, element by element
+    for row, (_, _, v) in enumerate(outputs):
+        p = ir.emit(f"getelementptr inbounds {T}, ptr %xout, i64 {row * W}")
+        ir.lines.append(f"  store {V} {val(v)}, ptr {p}, align 64")
+    scatter_part = ir.lines
+
     args = [f"ptr noalias nocapture readonly %in{k}, i64 %sin{k}" for k in range(n_in)]
     args += [f"ptr noalias nocapture %out{k}, i64 %sout{k}" for k in range(n_out)]
     out = [
@@ -287,8 +372,11 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
         "  %rem = sub i64 %n, %i0",
         f"  %short = icmp slt i64 %rem, {W}",
         f"  %m = select i1 %short, i64 %rem, i64 {W}",
-        "  br label %gather",
-        "gather:",  # input rows of this block: xin[row, j] = in_a[(i0 + j) * stride_a + column]
+        "  br i1 %short, label %gather, label %gather_full",
+        "gather_full:",
+        *gather_full,
+        "  br label %compute",
+        "gather:",  # input rows of a partial block: xin[row, j] = in_a[(i0 + j) * stride_a + column]
         "  %j = phi i64 [0, %block], [%jn, %gather]",
         "  %fj = add i64 %i0, %j",
     ]
@@ -304,9 +392,10 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
             f"  store {T} %gv{row}, ptr %gq{row}",
         ]
     out += ["  %jn = add i64 %j, 1", "  %jd = icmp eq i64 %jn, %m", "  br i1 %jd, label %compute, label %gather"]
-    out += ["compute:"] + compute
-    out += [f"  %badz = {badz}", "  %nbad2 = add i64 %nbad, %badz", "  br label %scatter", "scatter:"]
-    out += ["  %s = phi i64 [0, %compute], [%sn, %scatter]", "  %fs = add i64 %i0, %s"]
+    out += ["compute:", *compute, "  %nbad2 = add i64 %nbad, %badz"]
+    out += ["  br i1 %short, label %scatter_part, label %scatter_full", "scatter_full:", *scatter_full]
+    out += ["  br label %next", "scatter_part:", *scatter_part, "  br label %scatter", "scatter:"]
+    out += ["  %s = phi i64 [0, %scatter_part], [%sn, %scatter]", "  %fs = add i64 %i0, %s"]
     for k in range(n_out):
         out.append(f"  %sb{k} = mul i64 %fs, %sout{k}")
     for row, (a, col, _) in enumerate(outputs):
