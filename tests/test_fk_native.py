@@ -14,6 +14,7 @@ from test_layout import _assert_same_rotations, _has_free, _mujoco_fk, _random_q
 from kangengine.animation import ArticulationCoordinateLayout, SkeletonTree, _native, forward_kinematics
 from kangengine.animation import kinematics as K
 from kangengine.asset import MJCFLoader
+from kangengine.errors import UnknownNameError
 
 pytestmark = pytest.mark.skipif(not _native.available(), reason="llvmlite is not installed")
 
@@ -187,5 +188,5 @@ def test_policy_and_fallbacks(monkeypatch):
     np.testing.assert_allclose(r[:, 0, 0], np.cos(q[:, 0] / 2), atol=1e-15)
     assert prog.native[(("qt",), np.dtype(np.float64))] is None
     _backend(monkeypatch, "fast")
-    with pytest.raises(ValueError, match="KANGENGINE_FK_BACKEND"):
+    with pytest.raises(UnknownNameError, match="KANGENGINE_FK_BACKEND.*'fast' is not a backend"):
         kin.from_coordinates(q)

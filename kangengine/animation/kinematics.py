@@ -13,6 +13,10 @@ The algebra runs once per tree on symbols; the recorded straight-line code (temp
 their last use) is compiled with ``exec`` and replayed on every chunk, so the per-chunk cost is the
 array arithmetic, not Python's constant-folding decisions. Large CPU batches are processed in chunks
 of ``_CHUNK`` frames on a thread pool.
+
+The same recorded program also exists as structured ops, which :mod:`._native` compiles into a machine
+code kernel for this CPU (llvmlite): large numpy / CPU torch batches run that kernel instead of the
+replay (see "native kernels" below for the policy). One program, two ways to execute it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..errors import UnknownNameError
 
 __all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", "JointStep", "JointFrames"]
 
@@ -362,8 +368,8 @@ def _run_chunks(n: int, fn: Callable[[int, int], None], on_cpu: bool, chunk: int
 # The same traced program, compiled to machine code for this CPU by :mod:`._native` (llvmlite) and run on
 # numpy arrays / CPU torch tensors through their data pointers. Policy (environment variable
 # ``KANGENGINE_FK_BACKEND``): "auto" (default) uses a native kernel for calls of at least
-# ``_NATIVE_MIN_FRAMES`` frames, building it on the first such call (about half a second per program
-# and dtype, once per process); "native" uses one for every call; "numpy" never. The choice depends on
+# ``_NATIVE_MIN_FRAMES`` frames, building it on the first such call (under a second per program and
+# dtype, once per process); "native" uses one for every call; "numpy" never. The choice depends on
 # the call alone (not on earlier calls), so a given call always takes the same path. Without llvmlite,
 # or for torch tensors on CUDA or requiring grad, the Python replay runs.
 
@@ -371,12 +377,13 @@ _NATIVE_MIN_FRAMES = 65536
 _NATIVE_CHUNK = 16384
 _NATIVE_LOCK = threading.Lock()
 _BACKENDS = ("auto", "numpy", "native")
+_ENV = "KANGENGINE_FK_BACKEND"
 
 
 def _backend() -> str:
-    mode = os.environ.get("KANGENGINE_FK_BACKEND", "auto").strip().lower() or "auto"
+    mode = os.environ.get(_ENV, "auto").strip().lower() or "auto"
     if mode not in _BACKENDS:
-        raise ValueError(f"KANGENGINE_FK_BACKEND={mode!r}; expected one of {', '.join(_BACKENDS)}")
+        raise UnknownNameError(f"{mode!r} is not a backend; expected one of {', '.join(_BACKENDS)}", item=_ENV)
     return mode
 
 
@@ -387,6 +394,9 @@ def _float_dtype(x) -> np.dtype | None:
 
         if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64):
             return None
+        compiler = getattr(torch, "compiler", None)
+        if compiler is not None and getattr(compiler, "is_compiling", lambda: False)():
+            return None  # inside torch.compile tracing: stay in torch ops (no data pointers)
         return np.dtype(np.float32 if x.dtype == torch.float32 else np.float64)
     if x.dtype in (np.float32, np.float64) and x.dtype.isnative:
         return np.dtype(x.dtype)
