@@ -135,8 +135,25 @@ def _phi_derivative_over_x(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     """``phi'(x) / x``, finite at 0 (``2 / v_f``): the curvature of the quadratic that majorizes
     ``phi(|v|)`` at the current speed (iteratively reweighted Newton step: never overshoots zero)."""
     vf = falloff_vel
-    lo = 2.0 / vf - x / (vf * vf)
-    hi = friction_phi_derivative(x, falloff_vel, ratio, stribeck_vel) / torch.clamp(x, min=1e-30)
+    lo = (x / (-vf * vf)).add_(2.0 / vf)
+    if _is_zero(stribeck_vel):
+        hi = ratio / torch.clamp(x, min=1e-30)
+    else:
+        hi = friction_phi_derivative(x, falloff_vel, ratio, stribeck_vel) / torch.clamp(x, min=1e-30)
+    return torch.where(x < vf, lo, hi)
+
+
+def _phi_fast(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
+    """:func:`friction_phi` with fewer operations (same formula)."""
+    if not _is_zero(stribeck_vel):
+        return friction_phi(x, falloff_vel, ratio, stribeck_vel)
+    vf = falloff_vel
+    lo = (x * x).mul_((x / (-3.0 * vf * vf)).add_(1.0 / vf))  # x^2 / vf (1 - x / (3 vf))
+    hi = (
+        torch.addcmul((2.0 / 3.0 - ratio) * vf, ratio, x)
+        if isinstance(ratio, torch.Tensor)
+        else ratio * x + ((2.0 / 3.0 - ratio) * vf)
+    )
     return torch.where(x < vf, lo, hi)
 
 

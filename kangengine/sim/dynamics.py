@@ -18,7 +18,18 @@ from __future__ import annotations
 
 import torch
 
-from .kinematics import Comps, Frames, _flat, body_twists, compute_frames, cross, rotate, rows, tree_product
+from .kinematics import (
+    Comps,
+    Frames,
+    _flat,
+    body_twists,
+    compute_frames,
+    cross,
+    dof_path_sums,
+    rotate,
+    rows,
+    subtree_sums_,
+)
 from .model import Model
 
 __all__ = [
@@ -99,12 +110,14 @@ def apply_inertia(feat: Comps, motion: Comps) -> Comps:
     )
 
 
-def composite(model: Model, c: Comps | torch.Tensor) -> Comps:
-    """Sums over each body's subtree, gathered per DOF: k x ``[B, W]`` (or stacked ``[B, k, W]``) -> k x
-    ``[nv, W]`` (views of one ``[nv, k, W]`` product)."""
-    x = c if isinstance(c, torch.Tensor) else torch.stack(c, dim=1)
-    b, k, w = x.shape
-    return (model.dof_subtree @ x.view(b, k * w)).view(-1, k, w).unbind(1)
+def composite(model: Model, c: Comps | torch.Tensor, *, overwrite: bool = False) -> Comps:
+    """Sums over each body's subtree, gathered per DOF: k x ``[B, W]`` (or stacked ``[B, k, W]``, summed in
+    place when ``overwrite``) -> k x ``[nv, W]`` (views of one ``[nv, k, W]`` tensor)."""
+    if isinstance(c, torch.Tensor):
+        x = c if overwrite else c.clone()
+    else:
+        x = torch.stack(c, dim=1)
+    return subtree_sums_(model, x).index_select(0, model.dof_body).unbind(1)
 
 
 def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
@@ -187,7 +200,7 @@ def _rnea(
     sv_stack = fr.motion_stack * qd_t[:, None, :]  # [nv, 6, W]
     n, k, w = sv_stack.shape
     sv = sv_stack.unbind(1)
-    vel = (model.dof_moves_body @ sv_stack.view(n, k * w)).view(-1, k, w).unbind(1)  # 6 x [B, W]
+    vel = dof_path_sums(model, sv_stack).unbind(1)  # 6 x [B, W]
     if twists_out is not None:
         twists_out.append(vel)
     frame_vel = (model.dof_frame @ sv_stack.view(n, k * w)).view(n, k, w).unbind(1)  # 6 x [nv, W]
@@ -195,7 +208,7 @@ def _rnea(
     if qdd is not None:
         qdd_t = qdd if dof_major else qdd.t().contiguous()
         acc_terms = tuple(a.addcmul_(c, qdd_t) for a, c in zip(acc_terms, s))
-    acc = tree_product(acc_terms, model.dof_moves_body)
+    acc = dof_path_sums(model, torch.stack(acc_terms, dim=1)).unbind(1)
     uniform = gravity and model.uniform_gravity
     if uniform:  # gravity as a base acceleration: I (a - g) = I a - (h x g, m g)
         acc = acc[:3] + tuple(a - g if g != 0.0 else a for a, g in zip(acc[3:], model.gravity_t))

@@ -28,9 +28,9 @@ from enum import Enum
 import torch
 
 from .contact import apply_point_stiffness, contact_geometry, point_velocities
-from .control import Control, _phi_derivative_over_x, friction_phi
+from .control import Control, _phi_derivative_over_x, _phi_fast
 from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
-from .kinematics import body_twists, compute_frames, rows
+from .kinematics import body_twists, compute_frames, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
 
@@ -149,6 +149,7 @@ class Simulator:
         self._c_mu0 = mu + c.stiction_extra
         self._c_ratio = torch.where(self._c_mu0 > 0, mu / torch.clamp(self._c_mu0, min=1e-30), torch.ones_like(mu))
         self._c_stribeck = c.stribeck_vel if c.stribeck_vel > 0 else 0.0
+        self._c_mu0h = h * self._c_mu0
         self._kn_const = h * (h * c.stiffness + c.damping)  # normal curvature of an active (or near) point
         # -- joint terms (quantities are [nv, W]) --
         mu0 = m.friction_coulomb + m.friction_stiction
@@ -303,7 +304,7 @@ class Simulator:
             if self._has_contact:
                 caux = self._contact_terms(u, depth0, depth_reach, offset, neg_offset, pending, points)
                 body = body_base.clone().index_add_(0, m.contact_point_body, points)
-                comp_t = (m.dof_subtree @ body.view(nb, -1)).view(m.nv, 22, w)
+                comp_t = subtree_sums_(m, body).index_select(0, m.dof_body)  # [nv, 22, W]
                 grad = grad.sub_((fr.motion_stack * comp_t[:, 16:]).sum(1))  # J^T (h f - pending)
                 applied = apply_point_stiffness(comp_t[:, :16].unbind(1), s)
                 hess = self._assemble(tree, s_col, applied) if tree else joint_space_lower(m, applied, fr.motion_rows)
@@ -505,19 +506,24 @@ class Simulator:
         earlier iterations) and the point-stiffness features of the Newton model, written into ``out
         [C, 22, W]`` (16 features, see :func:`~kangengine.sim.contact.point_stiffness_features`, then the
         spatial force: moment about the reference origin, force). Returns the lagged quantities the line
-        search keeps fixed and the curvatures ``(act, mu_lam, k_tangent, k_normal)``."""
+        search keeps fixed, the curvatures and the contact energy at ``u``:
+        ``(act, h mu lambda, k_tangent, k_normal, energy [C, W])``."""
         m, h = self.model, self.dt
         cp = m.contact
         ux, uy, uz = u
         rx, ry, rz = offset
         depth = torch.add(depth0, uz, alpha=-h)
         act = (depth > 0).to(m.dtype)
-        fz = torch.clamp(depth, min=0.0).mul_(cp.stiffness).sub_(act * uz, alpha=cp.damping)
-        mu_lam = torch.clamp(fz, min=0.0).mul_(self._c_mu0)
-        slip = torch.sqrt(ux * ux + uy * uy)
-        kt = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck).mul_(mu_lam).mul_(h)
+        pen = torch.clamp(depth, min=0.0)
+        damp = act * uz
+        fz = torch.mul(pen, cp.stiffness).sub_(damp, alpha=cp.damping)
+        mlh = torch.clamp(fz, min=0.0).mul_(self._c_mu0h)  # h mu lambda
+        slip = torch.sqrt(torch.addcmul(ux * ux, uy, uy))
+        kt = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck).mul_(mlh)
         # curvature: the penalty also for points that could reach the ground in this step (a majorizer)
         kn = (torch.add(depth_reach, uz.abs(), alpha=h) > 0).to(m.dtype).mul_(self._kn_const)
+        energy = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(damp, uz, value=0.5 * h * cp.damping)
+        energy = energy.addcmul_(mlh, _phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
         o = out.unbind(1)
         # stiffness features: ten numbers of the point "mass" k_t, six moments of k_n - k_t
         o[0].copy_(kt)
@@ -536,17 +542,18 @@ class Simulator:
         torch.mul(dx, ry, out=o[14])
         torch.mul(dy, ry, out=o[15])
         # spatial force of h f (friction -h fw u_t = -kt u_t, normal h fz) less the pending K du
-        fx, fy, fzh = torch.mul(kt, ux, out=o[19]), torch.mul(kt, uy, out=o[20]), torch.mul(fz, h, out=o[21])
-        fx.neg_()
-        fy.neg_()
-        if pending is not None:
-            fx.sub_(pending[0])
-            fy.sub_(pending[1])
-            fzh.sub_(pending[2])
+        if pending is None:
+            fx = torch.mul(kt, ux, out=o[19]).neg_()
+            fy = torch.mul(kt, uy, out=o[20]).neg_()
+            fzh = torch.mul(fz, h, out=o[21])
+        else:
+            fx = torch.addcmul(pending[0], kt, ux, out=o[19]).neg_()
+            fy = torch.addcmul(pending[1], kt, uy, out=o[20]).neg_()
+            fzh = torch.sub(fz.mul_(h), pending[2], out=o[21])
         torch.mul(ry, fzh, out=o[16]).addcmul_(rz, fy, value=-1.0)
         torch.mul(rz, fx, out=o[17]).addcmul_(rx, fzh, value=-1.0)
         torch.mul(rx, fy, out=o[18]).addcmul_(ry, fx, value=-1.0)
-        return act, mu_lam, kt, kn
+        return act, mlh, kt, kn, energy
 
     def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, u, du, depth0, caux):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
@@ -554,8 +561,8 @@ class Simulator:
         quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
 
         ``de`` holds the exact change of the inertial part, ``dv.M(v - qd) + 1/2 dv.M dv - h force.dv``;
-        the other terms are evaluated at ``v`` and ``v + dv`` with this iteration's lagged quantities
-        (normal forces under friction, active dampers)."""
+        the other terms are evaluated at ``v + dv`` (and at ``v``, unless given) with this iteration's
+        lagged quantities (normal forces under friction, active dampers)."""
         m, h = self.model, self.dt
         vv = torch.stack([v, v + dv])  # [2, nv, W]
         e = self._joint_energy(vv, qs, drive, lim_active)
@@ -573,21 +580,18 @@ class Simulator:
             de = de + (ec[1] - ec[0]).sum(0)
         if u is not None:
             cp = m.contact
-            act, mu_lam = caux[0], caux[1]
-
-            def energy(ux, uy, uz):
-                d = torch.clamp(depth0 - h * uz, min=0.0)
-                e = 0.5 * cp.stiffness * d * d + 0.5 * h * cp.damping * act * uz * uz
-                slip = torch.sqrt(ux * ux + uy * uy)
-                return e + h * mu_lam * friction_phi(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
-
-            de = de + (energy(*(a + b for a, b in zip(u, du))) - energy(*u)).sum(0)
+            act, mlh, e0 = caux[0], caux[1], caux[4]
+            ux, uy, uz = (a + b for a, b in zip(u, du))
+            pen = torch.add(depth0, uz, alpha=-h).clamp_(min=0.0)
+            e1 = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(act * uz, uz, value=0.5 * h * cp.damping)
+            slip = torch.sqrt(torch.addcmul(ux * ux, uy, uy))
+            e1 = e1.addcmul_(mlh, _phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
+            de = de + e1.sub_(e0).sum(0)
         slope = (grad * dv).sum(0)  # < 0: dv is a descent direction (H is positive definite)
         curv = de - slope
         backtrack = torch.clamp(-slope / torch.clamp(2.0 * curv, min=1e-30), min=0.05, max=1.0)
-        backtrack = torch.where(torch.isfinite(backtrack), backtrack, torch.full_like(backtrack, 0.05))
-        good = de <= 0.25 * slope
-        return torch.where(good, torch.ones_like(de), backtrack)
+        backtrack = torch.where(torch.isfinite(backtrack), backtrack, 0.05)
+        return torch.where(de <= 0.25 * slope, 1.0, backtrack)
 
     def _joint_energy(self, vv, qs, drive: _Drive, lim_active):
         """Per-DOF energy of the joint-space terms for velocities ``vv [A, nv, W]`` (lagged limit damping)."""
@@ -598,7 +602,7 @@ class Simulator:
             r = torch.add(qs - self._spring_ref, vv, alpha=h)
             e = e.addcmul_(self._e_spring, r * r)
         if self._j_has_dry:
-            ej = self._j_mu0h * friction_phi(self._joint_speed(vv), self._j_falloff, self._j_ratio, self._j_stribeck)
+            ej = self._j_mu0h * _phi_fast(self._joint_speed(vv), self._j_falloff, self._j_ratio, self._j_stribeck)
             e = e + (ej / self._group_size if self._group is not None else ej)
         if self._has_limits:
             qn = torch.add(qs, vv, alpha=h)

@@ -98,6 +98,29 @@ def tree_product(c: Comps, mat: torch.Tensor) -> Comps:
     return (mat @ x.view(n, k * w)).view(-1, k, w).unbind(1)
 
 
+def subtree_sums_(model: Model, x: torch.Tensor) -> torch.Tensor:
+    """In place, ``x [B, k, W]``: every body's row becomes the sum over its subtree (leaves first, one
+    indexed add per tree level). Returns ``x``."""
+    for child, parent in reversed(model.body_levels):
+        x.index_add_(0, parent, x.index_select(0, child))
+    return x
+
+
+def path_sums_(model: Model, x: torch.Tensor) -> torch.Tensor:
+    """In place, ``x [B, k, W]``: every body's row becomes the sum over the path from the root to it
+    (root first, one indexed add per tree level). Returns ``x``."""
+    for child, parent in model.body_levels:
+        x.index_add_(0, child, x.index_select(0, parent))
+    return x
+
+
+def dof_path_sums(model: Model, x: torch.Tensor) -> torch.Tensor:
+    """``[B, k, W]``: for every body, the sum of per-DOF rows ``x [nv, k, W]`` over the DOFs that move it
+    (``dof_moves_body @ x``)."""
+    out = x.new_zeros(model.num_bodies, x.shape[1], x.shape[2])
+    return path_sums_(model, out.index_add_(0, model.dof_body, x))
+
+
 def gather(c: Comps, index: torch.Tensor) -> Comps:
     """Rows ``index`` of every component (one indexing op): k x ``[n, W]`` -> k x ``[len(index), W]``."""
     return torch.stack(c, dim=1).index_select(0, index).unbind(1)
@@ -172,9 +195,7 @@ def body_twists(model: Model, motion: Comps | torch.Tensor, qd_t: torch.Tensor) 
     body for generalized velocities ``qd_t [nv, W]`` (DOF-major). ``motion``: the DOF motions as 6 x
     ``[nv, W]`` or stacked ``[nv, 6, W]`` (``Frames.motion_stack``, one product fewer)."""
     if isinstance(motion, torch.Tensor):
-        x = motion * qd_t[:, None, :]
-        n, k, w = x.shape
-        return (model.dof_moves_body @ x.view(n, k * w)).view(-1, k, w).unbind(1)
+        return dof_path_sums(model, motion * qd_t[:, None, :]).unbind(1)
     return tree_product(tuple(s * qd_t for s in motion), model.dof_moves_body)
 
 

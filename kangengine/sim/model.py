@@ -114,7 +114,8 @@ class Model:
         ancestor); dof_coupled ``[nv, nv]`` (one of the two);
         dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in. moves_t,
         subtree_t, frame_t: transposes (contiguous) used by the tree products. dof_subtree ``[nv, B]``:
-        the bodies of each DOF's subtree (``subtree[dof_body]``).
+        the bodies of each DOF's subtree (``subtree[dof_body]``). body_levels: per tree depth 1, 2, ...
+        the ``(bodies, their parents)`` index tensors, for sums along the tree level by level.
     Contacts (``C`` points, flat, ordered by body):
         contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
         of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
@@ -202,6 +203,7 @@ class Model:
     extras: dict = field(default_factory=dict)
     dof_subtree: torch.Tensor = None
     uniform_gravity: bool = False
+    body_levels: tuple = ()
 
     # -- sizes ----------------------------------------------------------------------------------------
     @property
@@ -501,6 +503,7 @@ class Model:
             has_ball_friction=has_ball_friction,
             dof_subtree=t(anc[dof_body]),
             uniform_gravity=bool(np.all(grav_mask == 1.0)),
+            body_levels=_body_levels(parents, ti),
         )
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -594,6 +597,17 @@ class State:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+
+
+def _body_levels(parents: Sequence[int], ti) -> tuple:
+    depth = [0] * len(parents)
+    for b, p in enumerate(parents):  # parents come first
+        depth[b] = depth[p] + 1 if p >= 0 else 0
+    levels = []
+    for d in range(1, max(depth, default=0) + 1):
+        bodies = [b for b in range(len(parents)) if depth[b] == d]
+        levels.append((ti(bodies), ti([parents[b] for b in bodies])))
+    return tuple(levels)
 
 
 def _body_index(desc: ArticulationDesc, name: str) -> int:
