@@ -308,6 +308,9 @@ class Simulator:
                 grad = grad.sub_((fr.motion_stack * comp_t[:, 16:]).sum(1))  # J^T (h f - pending)
                 applied = apply_point_stiffness(comp_t[:, :16].unbind(1), s)
                 hess = self._assemble(tree, s_col, applied) if tree else joint_space_lower(m, applied, fr.motion_rows)
+            elif tree:
+                hess = torch.empty_like(mass_h)
+                hess[: tree.nnz] = mass_h[: tree.nnz]
             else:
                 hess = mass_h.clone(memory_format=torch.preserve_format)
             diag = hd + self._armature
@@ -326,11 +329,13 @@ class Simulator:
             if pinned is not None:
                 grad = grad.mul_(free_t)
                 if tree:
-                    hess = hess.mul_(pin_entries).index_add_(0, tree.diag, pin_t)
+                    hess[: tree.nnz].mul_(pin_entries)
+                    hess.index_add_(0, tree.diag, pin_t)
                 else:
                     hess = hess * free_w[:, :, None] * free_w[:, None, :] + pin_eye
             if tree:
-                dv = tree.solve_(tree.factor_(hess), grad.neg())
+                torch.neg(grad, out=hess[tree.nnz :])
+                dv = tree.solve_(hess)
             else:
                 chol, _ = torch.linalg.cholesky_ex(hess)
                 dv = torch.cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
@@ -416,12 +421,14 @@ class Simulator:
 
     @staticmethod
     def _assemble(tree: TreePattern, s_col: list, applied) -> torch.Tensor:
-        """``[nnz, W]`` stored entries ``H[i, j] = s_j . (Xc_body(i) s_i)`` (``i >= j``) of the joint-space
-        matrix whose subtree-composite operators applied to each DOF's motion are ``applied``
-        (6 x ``[nv, W]``); ``s_col``: the motion components gathered at the entries' columns."""
-        out = s_col[0] * applied[0].index_select(0, tree.row)
+        """``[nnz + nv, W]``: the stored entries ``H[i, j] = s_j . (Xc_body(i) s_i)`` (``i >= j``) of the
+        joint-space matrix whose subtree-composite operators applied to each DOF's motion are ``applied``
+        (6 x ``[nv, W]``), then room for the right-hand side; ``s_col``: the motion components gathered
+        at the entries' columns."""
+        out = s_col[0].new_empty(tree.nnz + tree.nv, s_col[0].shape[1])
+        h = torch.mul(s_col[0], applied[0].index_select(0, tree.row), out=out[: tree.nnz])
         for sc, f in zip(s_col[1:], applied[1:]):
-            out = out.addcmul_(sc, f.index_select(0, tree.row))
+            h.addcmul_(sc, f.index_select(0, tree.row))
         return out
 
     def _drive(self, control: Control, q: torch.Tensor, w: int) -> _Drive:

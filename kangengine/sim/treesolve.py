@@ -16,7 +16,9 @@ then takes one group of vector operations per tree level instead of a LAPACK cal
 substitutions likewise go level by level. Everything is a fixed sequence of indexing and element-wise
 ops: no host synchronisation, static shapes, the same code on CPU and CUDA.
 
-For ``W`` worlds this reads and writes ``O(W sum_k |anc(k)|^2)`` numbers; on CPU it beats a batched dense
+The right-hand side is eliminated together with the matrix (it is stored as extra rows), so a solve is
+the factorisation plus one pass from the root down. For ``W`` worlds this reads and writes
+``O(W sum_k |anc(k)|^2)`` numbers; on CPU it beats a batched dense
 Cholesky (one small LAPACK call per world) from a few hundred worlds on (``Simulator(solver=...)``).
 """
 
@@ -31,20 +33,14 @@ __all__ = ["TreePattern"]
 
 
 @dataclass(frozen=True, eq=False)
-class _FactorLevel:
-    row: torch.Tensor  # [n] entries (k, a), a in anc(k), for the DOFs k of this level
-    diag: torch.Tensor  # [n] entry (k, k) of each
-    pair_i: torch.Tensor  # [p] positions in `row` of the first factor of each update
-    pair_j: torch.Tensor  # [p] positions in `row` of the second factor
-    target: torch.Tensor  # [p] entries (i, j) updated
-
-
-@dataclass(frozen=True, eq=False)
-class _SolveLevel:
-    start: int  # slice of the gathered off-diagonal entries
-    stop: int
-    src: torch.Tensor  # [n] DOF whose value is read
-    dst: torch.Tensor  # [n] DOF that is updated
+class _Level:
+    gather: torch.Tensor  # [n_row + n_rhs + n_row]: row entries (k, a), right-hand sides b_k, diagonals (k, k)
+    n_ext: int  # n_row + n_rhs
+    n_row: int
+    row: torch.Tensor  # [n_row] entries (k, a), a in anc(k), for the DOFs k of this level
+    pair_i: torch.Tensor  # [p] position in the row entries of the first factor of each update
+    pair_j: torch.Tensor  # [p] position in the row entries or right-hand sides of the second
+    target: torch.Tensor  # [p] entries (i, j) or right-hand side rows updated
 
 
 class TreePattern:
@@ -87,59 +83,52 @@ class TreePattern:
         self.nv = nv
         self.nnz = len(entries)
         self.device = dev
-        self._anc = anc
         self._pos = pos
         self.row = lt([e[0] for e in entries])
         self.col = lt([e[1] for e in entries])
         self.diag = lt([pos[(k, k)] for k in range(nv)])
 
-        # elimination, leaves first: DOFs of equal height together
-        self._factor: list[_FactorLevel] = []
+        # Elimination, leaves first, DOFs of equal height together; the right-hand side b (stored after
+        # the matrix, rows nnz + k) is eliminated with them (L^T y = b), so only L x = y / D remains.
+        self._levels: list[_Level] = []
         for hgt in range(max(height, default=-1) + 1):
             ks = [k for k in range(nv) if height[k] == hgt and anc[k]]
             if not ks:
                 continue
-            row, dia, pi, pj, tgt = [], [], [], [], []
+            row, dia, rhs, at = [], [], [], {}
             for k in ks:
-                base = len(row)
                 for x in anc[k]:
+                    at[(k, x)] = len(row)
                     row.append(pos[(k, x)])
                     dia.append(pos[(k, k)])
+            for k in ks:
+                at[(k, None)] = len(row) + len(rhs)
+                rhs.append(self.nnz + k)
+            pi, pj, tgt = [], [], []
+            for k in ks:
                 for x, i in enumerate(anc[k]):
-                    for y, j in enumerate(anc[k][: x + 1]):
-                        pi.append(base + x)
-                        pj.append(base + y)
+                    for j in anc[k][: x + 1]:
+                        pi.append(at[(k, i)])
+                        pj.append(at[(k, j)])
                         tgt.append(pos[(i, j)])
-            self._factor.append(_FactorLevel(lt(row), lt(dia), lt(pi), lt(pj), lt(tgt)))
-
-        # substitutions: L^T y = b from the leaves up (by height), L x = z from the root down (by depth).
-        # Both read the off-diagonal entries of L, gathered once in the order of the upward pass.
-        off, up = [], []
-        for hgt in range(max(height, default=-1) + 1):
-            ks = [k for k in range(nv) if height[k] == hgt and anc[k]]
-            if not ks:
-                continue
-            start = len(off)
-            src, dst = [], []
+                    pi.append(at[(k, i)])
+                    pj.append(at[(k, None)])
+                    tgt.append(self.nnz + i)
+            self._levels.append(
+                _Level(lt(row + rhs + dia), len(row) + len(rhs), len(row), lt(row), lt(pi), lt(pj), lt(tgt))
+            )
+        # back substitution L x = z from the root down (by depth), reading L's entries in that order
+        off, down = [], []
+        for dep in range(1, max(depth, default=0) + 1):
+            ks = [k for k in range(nv) if depth[k] == dep]
+            start, src, dst = len(off), [], []
             for k in ks:
                 for x in anc[k]:
                     off.append(pos[(k, x)])
-                    src.append(k)
-                    dst.append(x)
-            up.append(_SolveLevel(start, len(off), lt(src), lt(dst)))
-        where = {e: n for n, e in enumerate(off)}
-        down = []
-        for dep in range(1, max(depth, default=0) + 1):
-            ks = [k for k in range(nv) if depth[k] == dep]
-            idx, src, dst = [], [], []
-            for k in ks:
-                for x in anc[k]:
-                    idx.append(where[pos[(k, x)]])
                     src.append(x)
                     dst.append(k)
-            down.append((lt(idx), lt(src), lt(dst)))
+            down.append((start, len(off), lt(src), lt(dst)))
         self._off = lt(off)
-        self._up = up
         self._down = down
 
     def positions(self, i, j) -> torch.Tensor | None:
@@ -157,27 +146,23 @@ class TreePattern:
         """``[nnz, W]``: the stored entries of dense matrices ``h [W, nv, nv]`` (lower triangle)."""
         return h.reshape(h.shape[0], -1).index_select(1, self.row * self.nv + self.col).t().contiguous()
 
-    def factor_(self, h: torch.Tensor) -> torch.Tensor:
-        """Overwrite ``h [nnz, W]`` (the lower triangle of symmetric positive definite matrices) with
-        their ``L^T D L`` factors: unit ``L`` below the diagonal, ``D`` on it. Returns ``h``."""
-        for lv in self._factor:
-            v = h.index_select(0, lv.row)
-            a = v / h.index_select(0, lv.diag)
-            h.index_add_(0, lv.target, a.index_select(0, lv.pair_i) * v.index_select(0, lv.pair_j), alpha=-1)
+    def solve(self, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``x [nv, W]`` with ``H x = b`` for symmetric positive definite ``H`` given by its stored entries
+        ``h [nnz, W]`` (:meth:`from_dense`) and ``b [nv, W]``; the inputs are kept."""
+        return self.solve_(torch.cat([h, b]))
+
+    def solve_(self, system: torch.Tensor) -> torch.Tensor:
+        """:meth:`solve` on ``system [nnz + nv, W]`` (the stored entries, then ``b``), overwritten: its
+        first ``nnz`` rows become the ``L^T D L`` factors (unit ``L`` below the diagonal, ``D`` on it).
+        Returns ``x [nv, W]``."""
+        h = system
+        for lv in self._levels:
+            g = h.index_select(0, lv.gather)
+            a = g[: lv.n_row] / g[lv.n_ext :]
+            h.index_add_(0, lv.target, a.index_select(0, lv.pair_i) * g.index_select(0, lv.pair_j), alpha=-1)
             h.index_copy_(0, lv.row, a)
-        return h
-
-    def solve(self, factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """``x [nv, W]`` with ``H x = b`` for the output of :meth:`factor_` and ``b [nv, W]``."""
-        return self.solve_(factor, b.clone(memory_format=torch.contiguous_format))
-
-    def solve_(self, factor: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """:meth:`solve` overwriting ``b`` (contiguous ``[nv, W]``) with intermediate values; returns ``x``."""
-        y = b
-        off = factor.index_select(0, self._off)
-        for lv in self._up:
-            y.index_add_(0, lv.dst, off[lv.start : lv.stop] * y.index_select(0, lv.src), alpha=-1)
-        x = y / factor.index_select(0, self.diag)
-        for idx, src, dst in self._down:
-            x.index_add_(0, dst, off.index_select(0, idx) * x.index_select(0, src), alpha=-1)
+        x = h[self.nnz :] / h.index_select(0, self.diag)
+        off = h.index_select(0, self._off)
+        for start, stop, src, dst in self._down:
+            x.index_add_(0, dst, off[start:stop] * x.index_select(0, src), alpha=-1)
         return x
