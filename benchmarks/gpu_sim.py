@@ -6,6 +6,7 @@ Target on an H200-class GPU: >= 1.5M env-steps/s at 4096 worlds (MJX: 0.78M on t
 Exits with a message (status 0) when CUDA is absent.
 
     python benchmarks/gpu_sim.py [--worlds 4096,16384] [--steps-per-graph 10] [--mode graph|compile|eager]
+        [--solver auto|dense|tree]
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from _common import DATA
 import kangengine as ke
 
 KP, KD, DT = 2000.0, 100.0, 1 / 60
+SOLVER = "auto"  # --solver: Newton solver of the step (auto: dense Cholesky on CUDA)
 
 
 def _make(model, n):
-    sim = ke.sim.Simulator(model, dt=DT, check_inputs=False)
+    sim = ke.sim.Simulator(model, dt=DT, check_inputs=False, solver=SOLVER)
     state = ke.sim.State.neutral(model, n)
     control = ke.sim.Control(q_target=state.q.clone())
     return sim, state, control
@@ -118,7 +120,10 @@ def main():
     ap.add_argument("--mode", default="graph", choices=["graph", "compile", "eager"])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-mujoco", action="store_true", help="skip the mujoco.rollout baseline")
+    ap.add_argument("--solver", default="auto", choices=[x.value for x in ke.sim.LinearSolver])
     args = ap.parse_args()
+    global SOLVER
+    SOLVER = args.solver
     if not torch.cuda.is_available():
         print(
             "gpu_sim.py: CUDA is not available on this machine; nothing to measure "
@@ -132,7 +137,7 @@ def main():
     )
     print(
         f"MuJoCo humanoid standing under PD (kp {KP:g}, kd {KD:g}), ground contact, dt 1/60 s, "
-        f"{torch.cuda.get_device_name()}, mode {args.mode}"
+        f"{torch.cuda.get_device_name()}, mode {args.mode}, solver {args.solver}"
     )
     mj_rate = None
     if not args.no_mujoco:

@@ -401,10 +401,11 @@ def test_humanoid_stands_under_pd_for_10s():
     assert float(res.contact_depth.max()) < 0.01
 
 
-def test_step_never_synchronises_and_keeps_shapes():
+@pytest.mark.parametrize("solver", ["dense", "tree"])
+def test_step_never_synchronises_and_keeps_shapes(solver):
     """No op in a step needs a value on the host (the ops behind .item(), bool(tensor), nonzero or
     data-dependent shapes), so on CUDA a step never waits for the device and can be graph-captured;
-    output shapes depend on the number of worlds only."""
+    output shapes depend on the number of worlds only. Both Newton solvers."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     aten = torch.ops.aten
@@ -424,7 +425,7 @@ def test_step_never_synchronises_and_keeps_shapes():
             return func(*args, **(kwargs or {}))
 
     model = _humanoid(torch.float32)
-    sim = Simulator(model, dt=1 / 60, check_inputs=False)
+    sim = Simulator(model, dt=1 / 60, check_inputs=False, solver=solver)
     st = State.neutral(model, 3)
     pinned = torch.zeros(3, model.nv, dtype=torch.bool)
     pinned[0, 7] = True

@@ -13,9 +13,13 @@ all iterations.
 
 Newton: exact Hessians of the quadratic terms (``M``, springs, viscous damping, active penalties);
 Gauss-Newton / majorizing curvatures for the rest (friction ``phi'(|u|)/|u|``, clamped drives
-``min(1, limit/|x|)``), so a full step never overshoots a stick. Each iteration solves ``H dv = -grad``
-by Cholesky and picks the step length from a fixed set of candidates by the energy (a line search that
-only shortens the step when the energy would not decrease). The iteration count is fixed and every
+``min(1, limit/|x|)``), so a full step never overshoots a stick. Each iteration assembles ``H`` from
+subtree composites (mass and contact stiffness together), solves ``H dv = -grad`` by the tree-sparse
+``L^T D L`` factorisation vectorised over worlds (:mod:`~kangengine.sim.treesolve`) or a batched dense
+Cholesky (:class:`LinearSolver`), and picks the step length by the energy (a line search that only
+shortens the step when the energy would not decrease). ``M dv`` for the energy and the next gradient
+comes from the Newton system itself (``H dv = -grad`` less the non-inertial curvatures), not from another
+pass over the tree. The iteration count is fixed and every
 choice is a ``torch.where``: no data-dependent Python branching, no host-device synchronisation, static
 shapes, so a step can be captured by CUDA graphs or ``torch.compile``.
 """
