@@ -31,6 +31,7 @@ from enum import Enum
 
 import torch
 
+from ..asset.desc import JointType
 from .contact import apply_point_stiffness, contact_geometry, point_velocities
 from .control import Control, _phi_derivative_over_x, _phi_fast
 from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
@@ -217,6 +218,8 @@ class Simulator:
             self._coupling_pos_tree = self._tree.positions(pos[:, 0], pos[:, 1])
             if self._coupling_pos_tree is None:
                 self._tree = None
+        if self._tree is not None:
+            self._assembly = self._assembly_plan(self._tree)
         if self.solver is LinearSolver.TREE and self._tree is None:
             raise ValueError(
                 f"{m.name}: a joint-space coupling row (fixed tendon or mimic joint) joins two branches of the "
@@ -272,8 +275,9 @@ class Simulator:
             else:
                 free_w = free_t.t()
                 pin_eye = torch.diag_embed(pin_t.t())
-        if tree:  # DOF motions at the column of every stored Hessian entry, per component
-            s_col = [c.index_select(0, tree.col) for c in s]
+        if tree:  # DOF motions at the column of every stored Hessian entry outside the root columns
+            gen_col = self._assembly["gen_col"]
+            s_col = [c.index_select(0, gen_col) for c in s] if gen_col.numel() else []
         u = depth0 = None
         if self._has_contact:
             geo = contact_geometry(m, fr)
@@ -423,16 +427,47 @@ class Simulator:
             return self._tree
         return None
 
-    @staticmethod
-    def _assemble(tree: TreePattern, s_col: list, applied) -> torch.Tensor:
+    def _assembly_plan(self, tree: TreePattern) -> dict:
+        """Index plan of :meth:`_assemble`. The free root's DOF motions are unit spatial vectors (world axes
+        about the root origin: linear DOF k moves along e_k, angular DOF k turns about e_k through the
+        origin), so an entry in a root column is one component of the row's composite wrench, no dot
+        product; the other entries take one."""
+        m = self.model
+        unit = [-1] * m.nv
+        for blk in m.layout.blocks:
+            if blk.joint_type is JointType.FREE and m.parents[blk.body_index] < 0:
+                start = blk.qd_slice.start
+                for k in range(3):
+                    unit[start + k] = 3 + k  # linear velocity e_k: force component k
+                    unit[start + 3 + k] = k  # angular velocity e_k: moment component k
+        row, col = tree.row.tolist(), tree.col.tolist()
+        u_pos = [e for e, c in enumerate(col) if unit[c] >= 0]
+        g_pos = [e for e, c in enumerate(col) if unit[c] < 0]
+        lt = lambda x: torch.as_tensor(x, dtype=torch.long, device=m.device)
+        return {
+            "unit_pos": lt(u_pos),
+            "unit_src": lt([row[e] * 6 + unit[col[e]] for e in u_pos]),
+            "gen_pos": lt(g_pos),
+            "gen_row": lt([row[e] for e in g_pos]),
+            "gen_col": lt([col[e] for e in g_pos]),
+        }
+
+    def _assemble(self, tree: TreePattern, s_col: list, applied) -> torch.Tensor:
         """``[nnz + nv, W]``: the stored entries ``H[i, j] = s_j . (Xc_body(i) s_i)`` (``i >= j``) of the
         joint-space matrix whose subtree-composite operators applied to each DOF's motion are ``applied``
         (6 x ``[nv, W]``), then room for the right-hand side; ``s_col``: the motion components gathered
-        at the entries' columns."""
-        out = s_col[0].new_empty(tree.nnz + tree.nv, s_col[0].shape[1])
-        h = torch.mul(s_col[0], applied[0].index_select(0, tree.row), out=out[: tree.nnz])
-        for sc, f in zip(s_col[1:], applied[1:]):
-            h.addcmul_(sc, f.index_select(0, tree.row))
+        at the general entries' columns (:meth:`_assembly_plan`)."""
+        plan = self._assembly
+        w = applied[0].shape[1]
+        out = applied[0].new_empty(tree.nnz + tree.nv, w)
+        stacked = torch.stack(applied, dim=1).view(-1, w)  # [nv * 6, W]
+        out.index_copy_(0, plan["unit_pos"], stacked.index_select(0, plan["unit_src"]))
+        if s_col:
+            rows = plan["gen_row"]
+            h = s_col[0] * applied[0].index_select(0, rows)
+            for sc, f in zip(s_col[1:], applied[1:]):
+                h = h.addcmul_(sc, f.index_select(0, rows))
+            out.index_copy_(0, plan["gen_pos"], h)
         return out
 
     def _drive(self, control: Control, q: torch.Tensor, w: int) -> _Drive:
