@@ -64,21 +64,53 @@ def point_velocities(model: Model, twists: Comps, offset: Comps) -> Comps:
 def point_forces_to_bodies(model: Model, offset: Comps, force: Comps) -> Comps:
     """6 x ``[B, W]`` spatial body forces (moment about the reference origin, force) of point forces
     (3 x ``[C, W]``) applied at ``offset``."""
-    return scatter_sum(cross(offset, force) + tuple(force), model.contact_point_body, model.num_bodies)
+    out = offset[0].new_empty(offset[0].shape[0], 6, offset[0].shape[1])
+    point_wrenches(offset, force, out.unbind(1))
+    return scatter_sum(out.unbind(1), model.contact_point_body, model.num_bodies)
+
+
+def point_wrenches(offset: Comps, force: Comps, out: Comps) -> None:
+    """Write the spatial forces of point forces (3 x ``[C, W]``) at ``offset`` into ``out`` (6 x ``[C, W]``
+    views: moment about the reference origin ``r x f``, then the force; ``force`` may alias ``out[3:]``)."""
+    rx, ry, rz = offset
+    fx, fy, fz = force
+    torch.mul(ry, fz, out=out[0]).addcmul_(rz, fy, value=-1.0)
+    torch.mul(rz, fx, out=out[1]).addcmul_(rx, fz, value=-1.0)
+    torch.mul(rx, fy, out=out[2]).addcmul_(ry, fx, value=-1.0)
+    for o, f in zip(out[3:], force):
+        if o.data_ptr() != f.data_ptr():
+            o.copy_(f)
 
 
 def point_stiffness_features(model: Model, offset: Comps, k_tangent: torch.Tensor, k_normal: torch.Tensor) -> Comps:
     """16 x ``[B, W]`` per-body sums of point stiffnesses ``diag(k_t, k_t, k_n)`` (world axes) at ``offset``:
     ten numbers of the point "mass" ``k_t`` (spatial-inertia form) then six moments of ``k_n - k_t``
     (``sum d, d r_x, d r_y, d r_x^2, d r_x r_y, d r_y^2``). Apply with :func:`apply_point_stiffness`."""
+    out = offset[0].new_empty(offset[0].shape[0], 16, offset[0].shape[1])
+    point_stiffness_rows(offset, (-offset[1], -offset[2]), k_tangent, k_normal, out.unbind(1))
+    return scatter_sum(out.unbind(1), model.contact_point_body, model.num_bodies)
+
+
+def point_stiffness_rows(offset: Comps, neg_yz: Comps, k_tangent: torch.Tensor, k_normal: torch.Tensor, out: Comps):
+    """Write the 16 stiffness features of every point (:func:`point_stiffness_features` before the sum
+    over bodies) into ``out`` (16 x ``[C, W]`` views); ``neg_yz``: ``(-r_y, -r_z)``."""
     rx, ry, rz = offset
+    nry, nrz = neg_yz
     kt = k_tangent
-    dk = k_normal - k_tangent
-    kx, ky, kz = kt * rx, kt * ry, kt * rz
-    dx, dy = dk * rx, dk * ry
-    feats = (kt, kx, ky, kz, ky * ry + kz * rz, kx * rx + kz * rz, kx * rx + ky * ry, -kx * ry, -kx * rz, -ky * rz,
-             dk, dx, dy, dx * rx, dx * ry, dy * ry)  # fmt: skip
-    return scatter_sum(feats, model.contact_point_body, model.num_bodies)
+    out[0].copy_(kt)
+    kx, ky, kz = torch.mul(kt, rx, out=out[1]), torch.mul(kt, ry, out=out[2]), torch.mul(kt, rz, out=out[3])
+    pxx, pyy, pzz = kx * rx, ky * ry, kz * rz
+    torch.add(pyy, pzz, out=out[4])
+    torch.add(pxx, pzz, out=out[5])
+    torch.add(pxx, pyy, out=out[6])
+    torch.mul(kx, nry, out=out[7])
+    torch.mul(kx, nrz, out=out[8])
+    torch.mul(ky, nrz, out=out[9])
+    dk = torch.sub(k_normal, kt, out=out[10])
+    dx, dy = torch.mul(dk, rx, out=out[11]), torch.mul(dk, ry, out=out[12])
+    torch.mul(dx, rx, out=out[13])
+    torch.mul(dx, ry, out=out[14])
+    torch.mul(dy, ry, out=out[15])
 
 
 def apply_point_stiffness(feat: Comps, motion: Comps) -> Comps:

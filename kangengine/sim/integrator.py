@@ -32,7 +32,7 @@ from enum import Enum
 import torch
 
 from ..asset.desc import JointType
-from .contact import apply_point_stiffness, contact_geometry, point_velocities
+from .contact import apply_point_stiffness, contact_geometry, point_stiffness_rows, point_velocities, point_wrenches
 from .control import Control, _phi_derivative_over_x, _phi_fast
 from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
 from .kinematics import body_twists, compute_frames, rows, subtree_sums_
@@ -571,22 +571,7 @@ class Simulator:
         energy = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(damp, uz, value=0.5 * h * cp.damping)
         energy = energy.addcmul_(mlh, _phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
         o = out.unbind(1)
-        # stiffness features: ten numbers of the point "mass" k_t, six moments of k_n - k_t
-        o[0].copy_(kt)
-        kx, ky, kz = torch.mul(kt, rx, out=o[1]), torch.mul(kt, ry, out=o[2]), torch.mul(kt, rz, out=o[3])
-        pxx, pyy, pzz = kx * rx, ky * ry, kz * rz
-        torch.add(pyy, pzz, out=o[4])
-        torch.add(pxx, pzz, out=o[5])
-        torch.add(pxx, pyy, out=o[6])
-        nry, nrz = neg_offset
-        torch.mul(kx, nry, out=o[7])
-        torch.mul(kx, nrz, out=o[8])
-        torch.mul(ky, nrz, out=o[9])
-        dk = torch.sub(kn, kt, out=o[10])
-        dx, dy = torch.mul(dk, rx, out=o[11]), torch.mul(dk, ry, out=o[12])
-        torch.mul(dx, rx, out=o[13])
-        torch.mul(dx, ry, out=o[14])
-        torch.mul(dy, ry, out=o[15])
+        point_stiffness_rows(offset, neg_offset, kt, kn, o[:16])
         # spatial force of h f (friction -h fw u_t = -kt u_t, normal h fz) less the pending K du
         if pending is None:
             fx = torch.mul(kt, ux, out=o[19]).neg_()
@@ -596,9 +581,7 @@ class Simulator:
             fx = torch.addcmul(pending[0], kt, ux, out=o[19]).neg_()
             fy = torch.addcmul(pending[1], kt, uy, out=o[20]).neg_()
             fzh = torch.sub(fz.mul_(h), pending[2], out=o[21])
-        torch.mul(ry, fzh, out=o[16]).addcmul_(rz, fy, value=-1.0)
-        torch.mul(rz, fx, out=o[17]).addcmul_(rx, fzh, value=-1.0)
-        torch.mul(rx, fy, out=o[18]).addcmul_(ry, fx, value=-1.0)
+        point_wrenches(offset, (fx, fy, fzh), o[16:])
         return act, mlh, kt, kn, energy
 
     def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, u, du, depth0, caux):

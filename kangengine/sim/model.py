@@ -113,8 +113,7 @@ class Model:
         dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_above_strict (a proper
         ancestor); dof_coupled ``[nv, nv]`` (one of the two);
         dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in. moves_t,
-        subtree_t, frame_t: transposes (contiguous) used by the tree products. dof_subtree ``[nv, B]``:
-        the bodies of each DOF's subtree (``subtree[dof_body]``). body_levels: per tree depth 1, 2, ...
+        subtree_t, frame_t: transposes (contiguous) used by the tree products. body_levels: per tree depth 1, 2, ...
         the ``(bodies, their parents)`` index tensors, for sums along the tree level by level.
     Contacts (``C`` points, flat, ordered by body):
         contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
@@ -201,7 +200,6 @@ class Model:
     coupling_names: tuple[str, ...] = ()
     has_ball_friction: bool = False
     extras: dict = field(default_factory=dict)
-    dof_subtree: torch.Tensor = None
     uniform_gravity: bool = False
     body_levels: tuple = ()
 
@@ -501,7 +499,6 @@ class Model:
             coupling_damping=t(coup["damping"]),
             coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
-            dof_subtree=t(anc[dof_body]),
             uniform_gravity=bool(np.all(grav_mask == 1.0)),
             body_levels=_body_levels(parents, ti),
         )
