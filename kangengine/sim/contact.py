@@ -54,10 +54,13 @@ def contact_geometry(model: Model, fr: Frames) -> ContactGeometry:
     return ContactGeometry(position=pos, offset=offset, depth=model.contact.ground_height - lz)
 
 
-def point_velocities(model: Model, twists: Comps, offset: Comps) -> Comps:
-    """3 x ``[C, W]`` m/s: velocity of each contact point given body twists (6 x ``[B, W]``: angular,
-    velocity at the reference origin) and point offsets (3 x ``[C, W]``)."""
-    tw = gather(twists, model.contact_point_body)
+def point_velocities(model: Model, twists: Comps | torch.Tensor, offset: Comps) -> Comps:
+    """3 x ``[C, W]`` m/s: velocity of each contact point given body twists (6 x ``[B, W]``, or stacked
+    ``[B, 6, W]``: angular, velocity at the reference origin) and point offsets (3 x ``[C, W]``)."""
+    if isinstance(twists, torch.Tensor):
+        tw = twists.index_select(0, model.contact_point_body).unbind(1)
+    else:
+        tw = gather(twists, model.contact_point_body)
     return tuple(v + c for v, c in zip(tw[3:], cross(tw[:3], offset)))
 
 

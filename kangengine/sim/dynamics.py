@@ -200,9 +200,10 @@ def _rnea(
     sv_stack = fr.motion_stack * qd_t[:, None, :]  # [nv, 6, W]
     n, k, w = sv_stack.shape
     sv = sv_stack.unbind(1)
-    vel = dof_path_sums(model, sv_stack).unbind(1)  # 6 x [B, W]
+    vel_stack = dof_path_sums(model, sv_stack)  # [B, 6, W]
+    vel = vel_stack.unbind(1)
     if twists_out is not None:
-        twists_out.append(vel)
+        twists_out.append(vel_stack)
     frame_vel = (model.dof_frame @ sv_stack.view(n, k * w)).view(n, k, w).unbind(1)  # 6 x [nv, W]
     acc_terms = cross_motion(frame_vel, sv)
     if qdd is not None:

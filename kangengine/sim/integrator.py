@@ -35,7 +35,7 @@ from ..asset.desc import JointType
 from .contact import apply_point_stiffness, contact_geometry, point_stiffness_rows, point_velocities, point_wrenches
 from .control import Control, _phi_derivative_over_x, _phi_fast
 from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
-from .kinematics import body_twists, compute_frames, rows, subtree_sums_
+from .kinematics import compute_frames, dof_path_sums, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
 
@@ -262,6 +262,7 @@ class Simulator:
         drive = self._drive(control, q, w)
         qs = q.t().index_select(0, m.scalar_q).mul_(self._scalar)  # scalar joint values (0 elsewhere)
         spring0 = (qs - self._spring_ref).mul_(self._spring_h) if self._has_springs else None
+        coupling_q = self._coupling @ qs if self._has_couplings else None  # coupling values at q
         pinned = control.pinned
         v = qd_t
         if pinned is not None:
@@ -284,7 +285,7 @@ class Simulator:
             offset, depth0 = geo.offset, geo.depth
             depth_reach = depth0 + self._reach
             neg_offset = (-offset[1], -offset[2])
-            tw = twists[0] if pinned is None else body_twists(m, fr.motion_stack, v)
+            tw = twists[0] if pinned is None else dof_path_sums(m, fr.motion_stack * v[:, None, :])
             u = point_velocities(m, tw, offset)  # linear in v: updated below, never recomputed
             nb = m.num_bodies
             body_base = torch.cat([torch.stack(inertia, dim=1), inertia[0].new_zeros(nb, 12, w)], dim=1)  # [B, 22, W]
@@ -300,7 +301,7 @@ class Simulator:
             mvq = torch.zeros_like(v)
         else:
             dvq = v - qd_t
-            tw_q = body_twists(m, fr.motion_stack, dvq)
+            tw_q = dof_path_sums(m, fr.motion_stack * dvq[:, None, :]).unbind(1)
             mvq = generalized_forces_t(m, s, apply_inertia(inertia, tw_q)).addcmul_(self._armature, dvq)
         pending = None
 
@@ -328,7 +329,7 @@ class Simulator:
                 hess.diagonal(dim1=-2, dim2=-1).add_(diag.t())
             coup = None
             if self._has_couplings:
-                cgrad, coup, cvals = self._coupling_terms(v, qs)
+                cgrad, coup, cvals = self._coupling_terms(v, coupling_q)
                 grad = grad.add_(cgrad)
                 if tree:
                     hess.index_add_(0, self._coupling_pos_tree, cvals)
@@ -347,7 +348,12 @@ class Simulator:
             else:
                 chol, _ = torch.linalg.cholesky_ex(hess)
                 dv = torch.cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
-            du = point_velocities(m, body_twists(m, fr.motion_stack, dv), offset) if self._has_contact else None
+            if self._has_contact:
+                du = point_velocities(m, dof_path_sums(m, fr.motion_stack * dv[:, None, :]), offset)
+            else:
+                du = None
+            if coup is not None:
+                coup = coup + (self._coupling @ dv,)  # (activity, weight, C v, C dv)
             if not (self._line_search or not last):
                 v = v.add(dv)
                 if self._has_contact:
@@ -356,7 +362,7 @@ class Simulator:
             # M dv on the free DOFs from the Newton system H dv = -grad, H = M + K_contact + diag(hd) + C^T W C
             mdv = grad.add(hd * dv)
             if coup is not None:
-                mdv = mdv.add_(self._coupling_t @ (coup[1] * (self._coupling @ dv)))
+                mdv = mdv.add_(self._coupling_t @ (coup[1] * coup[3]))
             mdv = mdv.neg_()
             kdu = None
             dmd = (dv * mdv).sum(0)
@@ -368,7 +374,7 @@ class Simulator:
                 de = (dv * torch.add(mvq, force, alpha=-h)).sum(0) + 0.5 * dmd
                 if pending is not None:
                     de = de + (pending[0] * du[0] + pending[1] * du[1] + pending[2] * du[2]).sum(0)
-                alpha = self._step_length(v, dv, grad, de, qs, drive, jaux, coup, u, du, depth0, caux)
+                alpha = self._step_length(v, dv, grad, de, qs, drive, jaux, coup, coupling_q, u, du, depth0, caux)
                 a_row = alpha[None, :]
             else:
                 a_row = 1.0
@@ -534,18 +540,18 @@ class Simulator:
             hd = hd + drive.hb
         return grad, hd, lim_active
 
-    def _coupling_terms(self, v, qs):
-        """Gradient ``[nv, W]``, ``(values [R, W], Hessian weights [R, W], activity [R, W], rates [R, W])`` and
-        the Hessian entries ``[P, W]`` (at ``_coupling_pos_tree`` / ``_coupling_pos_t``) of the joint-space
-        coupling rows at ``v``."""
+    def _coupling_terms(self, v, coupling_q):
+        """Gradient ``[nv, W]``, ``(activity, Hessian weights, rates C v)`` (``[R, W]`` each) and the Hessian
+        entries ``[P, W]`` (at ``_coupling_pos_tree`` / ``_coupling_pos_t``) of the joint-space coupling
+        rows at ``v``; ``coupling_q``: their values ``C q`` at the start of the step."""
         h = self.dt
         rate = self._coupling @ v  # [R, W]
-        ln = torch.addmm(self._coupling @ qs, self._coupling, v, alpha=h)  # values at the end of the step
+        ln = torch.add(coupling_q, rate, alpha=h)  # values at the end of the step
         lim = ln - torch.clamp(ln, self._c_lower, self._c_upper)
         act = (lim != 0).to(v.dtype)
         force = self._c_kh * lim + self._c_dh * act * rate
         weight = self._c_curv * act
-        return self._coupling_t @ force, (act, weight), self._coupling_outer_t @ weight
+        return self._coupling_t @ force, (act, weight, rate), self._coupling_outer_t @ weight
 
     def _contact_terms(self, u, depth0, depth_reach, offset, neg_offset, pending, out):
         """Contact point forces at the current iterate (times ``h``, less the pending ``alpha K du`` of
@@ -584,7 +590,7 @@ class Simulator:
         point_wrenches(offset, (fx, fy, fzh), o[16:])
         return act, mlh, kt, kn, energy
 
-    def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, u, du, depth0, caux):
+    def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, coupling_q, u, du, depth0, caux):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
         (at least a quarter of the decrease the quadratic model predicts), else the minimiser of the
         quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
@@ -597,10 +603,9 @@ class Simulator:
         e = self._joint_energy(vv, qs, drive, lim_active)
         de = de + (e[1] - e[0]).sum(0)
         if coup is not None:
-            act = coup[0]
-            r0 = self._coupling @ v
-            r1 = r0 + self._coupling @ dv
-            base = self._coupling @ qs
+            act, _, r0, r_dv = coup
+            r1 = r0 + r_dv
+            base = coupling_q
             ec = []
             for r in (r0, r1):
                 ln = torch.add(base, r, alpha=h)
