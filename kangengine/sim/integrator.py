@@ -354,12 +354,14 @@ class Simulator:
                 du = None
             if coup is not None:
                 coup = coup + (self._coupling @ dv,)  # (activity, weight, C v, C dv)
-            if not (self._line_search or not last):
+            if last and not self._line_search:  # the full step; nothing else is needed
                 v = v.add(dv)
                 if self._has_contact:
                     u = tuple(a + b for a, b in zip(u, du))
                 continue
             # M dv on the free DOFs from the Newton system H dv = -grad, H = M + K_contact + diag(hd) + C^T W C
+            # (pinned rows of M dv are not used: their gradient is zeroed and their dv is 0); the contact part
+            # K dv = J^T (K du) stays in point space ("pending") until the next iteration maps its forces
             mdv = grad.add(hd * dv)
             if coup is not None:
                 mdv = mdv.add_(self._coupling_t @ (coup[1] * coup[3]))
