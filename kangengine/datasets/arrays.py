@@ -2,7 +2,7 @@
 
 poselib (IsaacGymEnvs, ASE, ProtoMotions' older tools) saves ``SkeletonMotion`` and ``SkeletonState``
 objects with ``np.save(path, state.to_dict())``: a ``.npy`` file holding one object array, i.e. a
-pickled ``OrderedDict``. Plain ``np.load(..., allow_pickle=True)`` would run whatever a file asks for, so
+pickled ``OrderedDict``. Plain ``np.load`` with pickles allowed would run whatever a file asks for, so
 KangEngine reads these files with :class:`RestrictedUnpickler`, which rebuilds only numpy arrays, numpy
 dtypes and scalars, ``OrderedDict`` and the builtin containers and scalars; any other global (``os.system``,
 ``builtins.eval``, a torch tensor, a joblib wrapper, ...) raises :class:`~kangengine.errors.FormatError`
