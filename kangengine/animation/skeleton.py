@@ -467,8 +467,7 @@ class SkeletonMotion(SkeletonState):
         meta["resampled_from_fps"] = self.fps
         return SkeletonMotion(self.tree, root, rot, fps, loc, metadata=meta)
 
-    def numpy(self) -> SkeletonMotion:
-        s = SkeletonState.numpy(self)
+    def _like(self, s: SkeletonState) -> SkeletonMotion:
         return SkeletonMotion(
             self.tree,
             s.root_translation,
@@ -479,17 +478,11 @@ class SkeletonMotion(SkeletonState):
             skip_checks=True,
         )
 
+    def numpy(self) -> SkeletonMotion:
+        return self._like(SkeletonState.numpy(self))
+
     def torch(self, device="cpu", dtype=None) -> SkeletonMotion:
-        s = SkeletonState.torch(self, device, dtype)
-        return SkeletonMotion(
-            self.tree,
-            s.root_translation,
-            s.local_rotation,
-            self.fps,
-            s.local_translation,
-            metadata=self.metadata,
-            skip_checks=True,
-        )
+        return self._like(SkeletonState.torch(self, device, dtype))
 
     # -- files -----------------------------------------------------------------------------------------
     def save_npz(self, path: str | os.PathLike) -> None:
