@@ -1,4 +1,4 @@
-"""Validation throughput on CPU: clip-seconds validated per wall-second by ``ke.sim.validate`` for 64
+"""Validation throughput on CPU: clip-seconds validated per wall-second by ``ke.pipelines.validate`` for 64
 real-length clips on the CMU humanoid, and the share of the time spent simulating vs bookkeeping
 (reference preparation and contact fit, metrics, reports, plots).
 
@@ -29,7 +29,7 @@ SETTINGS = ke.sim.TrackingSettings(root_assist_frequency_hz=1.0)  # docs/trackin
 
 def _mapped(desc, layout, name):
     bvh = ke.io.load_bvh(DATA / "bvh" / "cmu" / name)
-    moved = ke.animation.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
+    moved = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
     return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved, clamp_to_limits=True).motion
 
 
@@ -76,7 +76,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        res = ke.sim.validate(model, clips, out_dir=tmp, settings=SETTINGS, plots=args.plots, batch_size=len(clips))
+        res = ke.pipelines.validate(
+            model, clips, out_dir=tmp, settings=SETTINGS, plots=args.plots, batch_size=len(clips)
+        )
         wall = time.perf_counter() - t0
         tm = res.timings
         book = wall - tm["simulation"]
@@ -91,7 +93,9 @@ def main() -> None:
         base_clips = dict(list(clips.items())[1 : 1 + args.baseline_clips])
         base_seconds = sum(c.duration for c in base_clips.values())
         t0 = time.perf_counter()
-        ke.sim.validate(model, base_clips, out_dir=f"{tmp}/base", settings=SETTINGS, plots=args.plots, batch_size=1)
+        ke.pipelines.validate(
+            model, base_clips, out_dir=f"{tmp}/base", settings=SETTINGS, plots=args.plots, batch_size=1
+        )
         base_wall = time.perf_counter() - t0
         base_rate = base_seconds / base_wall
         print(

@@ -1,8 +1,11 @@
 """KangEngine: human motion capture to robot and character reference motion, checked in physics.
 
-``import kangengine as ke`` then ``ke.asset``, ``ke.animation``, ``ke.rotations``, ``ke.io``,
-``ke.datasets``, ``ke.adapters``, ``ke.sim``. Subpackages with heavy dependencies load on first use, so
-``import kangengine`` needs only numpy.
+``import kangengine as ke`` then ``ke.asset``, ``ke.animation``, ``ke.rotations``, ``ke.conventions``,
+``ke.io``, ``ke.datasets``, ``ke.retarget``, ``ke.adapters``, ``ke.sim``, ``ke.pipelines`` and ``ke.data``
+(the shipped example files). Subpackages load on first use, so ``import kangengine`` needs only numpy.
+
+Layers import downward only: ``errors``, ``rotations``, ``conventions`` and the file helpers -> ``asset`` ->
+``animation`` -> ``io``, ``datasets``, ``retarget``, ``adapters``, ``sim`` (siblings) -> ``pipelines`` -> ``cli``.
 """
 
 from __future__ import annotations
@@ -19,14 +22,31 @@ __all__ = [
     "asset",
     "animation",
     "rotations",
+    "conventions",
     "io",
     "datasets",
+    "retarget",
     "adapters",
     "sim",
+    "pipelines",
+    "data",
     "__version__",
 ]
 
-_SUBMODULES = {"asset", "animation", "rotations", "io", "datasets", "adapters", "sim", "cli"}
+_SUBMODULES = {
+    "asset",
+    "animation",
+    "rotations",
+    "conventions",
+    "io",
+    "datasets",
+    "retarget",
+    "adapters",
+    "sim",
+    "pipelines",
+    "data",
+    "cli",
+}
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import FormatError, KangEngineError
+from .errors import KangEngineError
 
 __all__ = ["main", "describe_model", "describe_clip"]
 
@@ -56,7 +56,7 @@ def describe_clip(path) -> dict:
     """Summary of a motion clip: frames, fps, duration, nodes (skeleton clips) or nq/nv (articulation)."""
     import numpy as np
 
-    from . import io as ke_io
+    from .pipelines import load_motion
 
     path = Path(path)
     suffix = path.suffix.lower()
@@ -79,7 +79,7 @@ def describe_clip(path) -> dict:
 
         motion = SkeletonMotion.load_npz(path)
     else:
-        motion = ke_io.load_motion(path)
+        motion = load_motion(path)
     gp = np.asarray(motion.numpy().global_translation)
     return {
         "file": str(path),
@@ -95,7 +95,7 @@ def describe_clip(path) -> dict:
 
 
 def _info(args) -> int:
-    from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
 
     model = args.model
     clips = list(args.clips)
@@ -114,8 +114,8 @@ def _info(args) -> int:
 
 
 def _convert(args) -> int:
-    from .datasets.batch import ConvertOptions, convert_clips
-    from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+    from .pipelines import ConvertOptions, convert_clips
 
     model, clips, config = args.model, list(args.clips), args.config
     if args.example:
@@ -142,24 +142,6 @@ def _convert(args) -> int:
     return 1 if report.failed else 0
 
 
-def _load_for_validation(path: Path, layout, desc, config, mapper):
-    """An ArticulationMotion from an articulation ``.npz`` (``kangengine convert``) or, with a retarget
-    configuration, from any motion file (load -> retarget -> map, clamped to the joint limits)."""
-    from ._files import load_npz
-    from .animation import load_articulation_motion_npz
-    from .datasets.batch import map_clip
-
-    if path.suffix.lower() == ".npz":
-        z = load_npz(path, kind="motion")
-        if str(z.get("format", "")) == "kangengine.articulation_motion":
-            return load_articulation_motion_npz(path, layout)
-    if config is None:
-        raise FormatError(
-            "is not an articulation motion (.npz from `kangengine convert`); give --config to retarget it", path=path
-        )
-    return map_clip(path, desc, mapper, config, clamp_to_limits=True)[0].motion
-
-
 def _validate(args) -> int:
     import warnings
 
@@ -167,9 +149,9 @@ def _validate(args) -> int:
 
     from .animation import ArticulationCoordinateLayout, ArticulationMotionMapper
     from .asset import load
-    from .datasets.batch import clip_names
-    from .examples import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
-    from .sim import Model, TrackingSettings, validate
+    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+    from .pipelines import clip_names, load_for_validation, validate
+    from .sim import Model, TrackingSettings
 
     model_path, clips, config = args.model, list(args.clips), args.config
     if args.example:
@@ -188,7 +170,7 @@ def _validate(args) -> int:
     motions, skipped = {}, {}
     for c, name in zip(clips, clip_names(clips)):
         try:
-            motions[name] = _load_for_validation(Path(c), layout, desc, config, mapper)
+            motions[name] = load_for_validation(Path(c), layout, desc, config, mapper)
         except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
             skipped[name] = f"{c}: {type(exc).__name__}: {exc}"
     settings = TrackingSettings(dt=args.dt, root_assist_frequency_hz=args.root_assist_hz)

@@ -53,6 +53,9 @@ __all__ = [
     "quat_to_euler",
     "quat_hemisphere_continuity",
     "quat_angular_velocity",
+    "quat_wxyz_to_xyzw",
+    "quat_xyzw_to_wxyz",
+    "wrap_angle",
     "EULER_ORDERS",
 ]
 
@@ -85,6 +88,7 @@ class _NumpyOps:
     atan2 = staticmethod(np.arctan2)
     hypot = staticmethod(np.hypot)
     abs = staticmethod(np.abs)
+    ceil = staticmethod(np.ceil)
     where = staticmethod(np.where)
     zeros_like = staticmethod(np.zeros_like)
     ones_like = staticmethod(np.ones_like)
@@ -145,6 +149,7 @@ class _TorchOps:
         self.atan2 = torch.atan2
         self.hypot = torch.hypot
         self.abs = torch.abs
+        self.ceil = torch.ceil
         self.where = torch.where
         self.zeros_like = torch.zeros_like
         self.ones_like = torch.ones_like
@@ -476,15 +481,23 @@ def quat_to_matrix(q):
     _check_last(q, 4, "quat_to_matrix", "q")
     w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
     s = 2.0 / ops.sum(q * q, axis=-1)
-    xx, yy, zz = s * x * x, s * y * y, s * z * z
-    xy, xz, yz = s * x * y, s * x * z, s * y * z
-    wx, wy, wz = s * w * x, s * w * y, s * w * z
-    rows = [
-        ops.stack([1.0 - (yy + zz), xy - wz, xz + wy]),
-        ops.stack([xy + wz, 1.0 - (xx + zz), yz - wx]),
-        ops.stack([xz - wy, yz + wx, 1.0 - (xx + yy)]),
-    ]
-    return ops.stack(rows, axis=-2)
+    xs, ys, zs = x * s, y * s, z * s
+    out = ops.zeros(tuple(q.shape[:-1]) + (3, 3), like=q)
+    # Written element by element into one preallocated array: no stacking of temporaries.
+    xx, yy, zz = x * xs, y * ys, z * zs
+    out[..., 0, 0] = 1.0 - (yy + zz)
+    out[..., 1, 1] = 1.0 - (xx + zz)
+    out[..., 2, 2] = 1.0 - (xx + yy)
+    xy, wz = x * ys, w * zs
+    out[..., 0, 1] = xy - wz
+    out[..., 1, 0] = xy + wz
+    xz, wy = x * zs, w * ys
+    out[..., 0, 2] = xz + wy
+    out[..., 2, 0] = xz - wy
+    yz, wx = y * zs, w * xs
+    out[..., 1, 2] = yz - wx
+    out[..., 2, 1] = yz + wx
+    return out
 
 
 def quat_from_matrix(m):
@@ -769,9 +782,51 @@ def quat_from_euler(angles, order: str, *, extrinsic: bool):
 
 
 def _wrap_pi(ops, x):
-    # (-2pi, 2pi] -> (-pi, pi]
+    # (-2pi, 2pi] -> (-pi, pi]; the cheap form for angles known to lie in that range
     x = ops.where(x > math.pi, x - 2.0 * math.pi, x)
     return ops.where(x <= -math.pi, x + 2.0 * math.pi, x)
+
+
+def wrap_angle(x):
+    """Angles wrapped into ``(-pi, pi]`` (``pi`` stays ``pi``; ``-pi`` becomes ``pi``).
+
+    Args:
+        x: ``(...)`` angles in radians, any magnitude, numpy or torch (float32 or float64).
+    Returns:
+        ``(...)`` angles in ``(-pi, pi]`` congruent to ``x`` modulo ``2 pi``, same type, dtype and device.
+    """
+    ops, x = _coerce(x)
+    two_pi = 2.0 * math.pi
+    y = x - two_pi * ops.ceil((x - math.pi) / two_pi)
+    # rounding can leave y a hair outside the interval; fold it back
+    y = ops.where(y > math.pi, y - two_pi, y)
+    return ops.where(y <= -math.pi, y + two_pi, y)
+
+
+def quat_wxyz_to_xyzw(q):
+    """Reorder quaternions from WXYZ (KangEngine) to XYZW (scipy, Newton, PhysX, poselib, ``.superdex_bot``).
+
+    Args:
+        q: ``(..., 4)`` WXYZ quaternions, numpy or torch.
+    Returns:
+        ``(..., 4)`` XYZW, a new array of the same type, dtype and device.
+    """
+    ops, q = _coerce(q)
+    _check_last(q, 4, "quat_wxyz_to_xyzw", "q")
+    return ops.cat([q[..., 1:], q[..., :1]])
+
+
+def quat_xyzw_to_wxyz(q):
+    """Reorder quaternions from XYZW (scipy, Newton, PhysX, poselib, ``.superdex_bot``) to WXYZ (KangEngine).
+
+    Args:
+        q: ``(..., 4)`` XYZW quaternions, numpy or torch.
+    Returns:
+        ``(..., 4)`` WXYZ, a new array of the same type, dtype and device.
+    """
+    ops, q = _coerce(q)
+    _check_last(q, 4, "quat_xyzw_to_wxyz", "q")
+    return ops.cat([q[..., 3:], q[..., :3]])
 
 
 def quat_to_euler(q, order: str, *, extrinsic: bool):

@@ -197,7 +197,7 @@ def test_validate_model_other_model_and_order():
 
 
 def test_missing_newton_names_the_extra(monkeypatch):
-    from kangengine.adapters.base import require
+    from kangengine._deps import require
 
     monkeypatch.setitem(sys.modules, "newton", None)  # import newton now raises ImportError
     with pytest.raises(MissingDependencyError, match=r"\.\[newton\]"):

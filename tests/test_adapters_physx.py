@@ -454,7 +454,7 @@ def test_unsupported_joint_sets_are_named():
 
 
 def test_missing_ovphysx_names_the_extra(monkeypatch):
-    from kangengine.adapters.base import require
+    from kangengine._deps import require
 
     monkeypatch.setitem(sys.modules, "ovphysx", None)
     with pytest.raises(MissingDependencyError, match=r"\.\[physx\]"):

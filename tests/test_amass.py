@@ -398,6 +398,6 @@ def test_smplx_extra_object_keys_are_not_unpickled(tmp_path, model_dir):
 
 def test_load_motion_dispatches_amass_npz(tmp_path, model_dir):
     _clip(tmp_path / "c.npz", "smplh", gender="male")
-    a = ke.io.load_motion(tmp_path / "c.npz", model_dir=model_dir)
+    a = ke.pipelines.load_motion(tmp_path / "c.npz", model_dir=model_dir)
     b = amass.load(tmp_path / "c.npz", model_dir=model_dir)
     np.testing.assert_allclose(a.global_translation, b.global_translation)

@@ -12,7 +12,6 @@ from conftest import DATA, data_file
 
 import kangengine as ke
 from kangengine import rotations as R
-from kangengine.datasets import arrays
 from kangengine.errors import FileMissingError, FormatError, KangEngineError
 
 POSELIB = [
@@ -137,7 +136,7 @@ def test_other_globals_are_refused(tmp_path, module_name):
     # protocol-0 GLOBAL opcode: c<module>\n<name>\n ; then call it with a tuple
     payload = b"c" + module_name + b"\n(S'1+1'\ntR."
     with pytest.raises(FormatError, match="refused pickled global"):
-        arrays._loads_restricted(payload, path="x.pkl")
+        ke.datasets.loads_restricted(payload, path="x.pkl")
 
 
 def test_restricted_unpickler_admits_numpy_and_containers(tmp_path):
@@ -152,7 +151,7 @@ def test_restricted_unpickler_admits_numpy_and_containers(tmp_path):
         i=np.zeros((2, 2), order="F"),
     )
     for protocol in (0, 2, 4, 5):
-        got = arrays._loads_restricted(pickle.dumps(obj, protocol=protocol))
+        got = ke.datasets.loads_restricted(pickle.dumps(obj, protocol=protocol))
         assert got.keys() == obj.keys()
         np.testing.assert_array_equal(got["a"], obj["a"])
         assert got["a"].dtype == np.float32 and got["c"]["d"] == 3.0 and got["b"] == obj["b"] and got["e"] == {1, 2}
@@ -247,14 +246,14 @@ def test_data_dir_is_present():
 
 
 def test_load_motion_dispatches_npy_to_poselib(tmp_path):
-    m = ke.io.load_motion(data_file("motions/amp_poselib/amp_humanoid_run.npy"))
+    m = ke.pipelines.load_motion(data_file("motions/amp_poselib/amp_humanoid_run.npy"))
     assert isinstance(m, ke.animation.SkeletonMotion) and m.num_frames == 82 and m.fps == 60.0
     with pytest.raises(FormatError, match="SkeletonState"):
-        ke.io.load_motion(data_file("motions/amp_poselib/cmu_tpose.npy"))
+        ke.pipelines.load_motion(data_file("motions/amp_poselib/cmu_tpose.npy"))
     # a KangEngine npz still goes to SkeletonMotion.load_npz, and an unknown npz names its keys
     m.save_npz(tmp_path / "run.npz")
-    again = ke.io.load_motion(tmp_path / "run.npz")
+    again = ke.pipelines.load_motion(tmp_path / "run.npz")
     np.testing.assert_allclose(again.local_rotation, m.local_rotation)
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
     with pytest.raises(FormatError, match=r"\['a'\]"):
-        ke.io.load_motion(tmp_path / "other.npz")
+        ke.pipelines.load_motion(tmp_path / "other.npz")

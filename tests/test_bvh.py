@@ -17,9 +17,10 @@ from conftest import data_file
 from scipy.spatial.transform import Rotation
 
 import kangengine as ke
+from kangengine import conventions as axes
 from kangengine.cli import main
 from kangengine.errors import FileMissingError, FormatError
-from kangengine.io import BVHFrameCountWarning, axes, load_bvh, save_bvh
+from kangengine.io import BVHFrameCountWarning, load_bvh, save_bvh
 
 try:  # PyGLM, which bvhio uses
     from pyglm import glm
@@ -375,16 +376,16 @@ def test_missing_file():
 
 def test_load_motion_dispatches_by_extension(tmp_path):
     path = data_file("bvh/other/bvhio_example.bvh")
-    m = ke.io.load_motion(path, scale="in")
+    m = ke.pipelines.load_motion(path, scale="in")
     assert m.metadata["source_format"] == "bvh" and m.metadata["scale"] == 0.0254
     m.save_npz(tmp_path / "clip.npz")
-    again = ke.io.load_motion(tmp_path / "clip.npz")
+    again = ke.pipelines.load_motion(tmp_path / "clip.npz")
     np.testing.assert_allclose(again.global_translation, m.global_translation)
     (tmp_path / "clip.xyz").write_text("x")
     with pytest.raises(FormatError, match=r"no motion reader for '.xyz'.*\.bvh"):
-        ke.io.load_motion(tmp_path / "clip.xyz")
+        ke.pipelines.load_motion(tmp_path / "clip.xyz")
     with pytest.raises(FileMissingError):
-        ke.io.load_motion(tmp_path / "none.bvh")
+        ke.pipelines.load_motion(tmp_path / "none.bvh")
 
 
 def test_cli_info_example_reads_the_shipped_bvh(capsys):
@@ -417,5 +418,5 @@ def test_axes_helpers_numpy_and_torch():
         out, torch.tensor(axes.quat_zup_from_yup(q), dtype=torch.float32)
     )
     m = load_bvh(data_file("bvh/other/bvhio_example.bvh"), up_axis="y", dtype=np.float64)
-    back = axes.motion_yup_from_zup(m)
+    back = ke.animation.motion_yup_from_zup(m)
     np.testing.assert_allclose(back.global_translation, axes.vec_yup_from_zup(m.global_translation), atol=1e-12)

@@ -18,8 +18,9 @@ from conftest import data_file
 from scipy.spatial.transform import Rotation, Slerp
 
 import kangengine as ke
+from kangengine import conventions as axes
 from kangengine.errors import FileMissingError, FormatError, UnknownNameError
-from kangengine.io import axes, load_fbx
+from kangengine.io import load_fbx
 
 pytest.importorskip("pyassimp", reason="pyassimp (fbx extra) and Debian libassimp5 are needed to read FBX")
 
@@ -278,7 +279,7 @@ def test_blender_fbx_with_skinned_mesh(rel, fps, frames, root, nodes):
 
 
 def test_load_motion_reads_fbx():
-    m = ke.io.load_motion(data_file("fbx/huesitos.fbx"), fps=50)
+    m = ke.pipelines.load_motion(data_file("fbx/huesitos.fbx"), fps=50)
     assert m.metadata["source_format"] == "fbx" and m.fps == 50 and m.num_frames == 79
 
 

@@ -712,10 +712,10 @@ def test_real_cmu_clip_retargeted_onto_the_cmu_humanoid_is_continuous():
     """22.9 s of real CMU mocap (jumps and turns), read from BVH and retargeted onto the CMU humanoid: no
     hinge moves further between two frames than (a little more than) its body's wanted rotation does."""
     import kangengine as ke
-    from kangengine.examples import data_path
+    from kangengine.data import data_path
 
     source = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))
-    retargeted = ke.animation.retarget_motion(source, "cmu_bvh_to_cmu_humanoid").motion
+    retargeted = ke.retarget.retarget_motion(source, "cmu_bvh_to_cmu_humanoid").motion
     layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_path("humanoid_CMU.xml")))
     mapper = ArticulationMotionMapper(layout)
     res = mapper.to_articulation_motion(retargeted)

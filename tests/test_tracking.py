@@ -50,7 +50,7 @@ def model(cmu_desc, layout):
 def walk(cmu_desc, layout):
     """CMU 02_01 (walk, 343 frames at 120 fps) retargeted and mapped onto the CMU humanoid."""
     bvh = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
-    on_robot = ke.animation.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", cmu_desc).motion
+    on_robot = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", cmu_desc).motion
     mapper = ke.animation.ArticulationMotionMapper(layout)
     return mapper.to_articulation_motion(on_robot, clamp_to_limits=True).motion
 
@@ -81,7 +81,7 @@ def broken(walk, layout):
 def validated(model, walk, broken, tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
     clips = {"walk": walk, **broken, "one_frame": walk[:1]}
-    return ke.sim.validate(model, clips, out_dir=out, settings=WALK_SETTINGS)
+    return ke.pipelines.validate(model, clips, out_dir=out, settings=WALK_SETTINGS)
 
 
 def test_real_cmu_walk_is_tracked_within_5cm_and_ok(validated):
@@ -142,17 +142,17 @@ def test_files_summary_and_skipped_clips(validated):
 
 def test_reports_are_byte_identical_and_resumable(model, walk, tmp_path):
     clip = walk[:48]  # 0.4 s
-    a = ke.sim.validate(model, {"crop": clip}, out_dir=tmp_path / "a", plots=False)
-    ke.sim.validate(model, {"crop": clip}, out_dir=tmp_path / "b", plots=False)
+    a = ke.pipelines.validate(model, {"crop": clip}, out_dir=tmp_path / "a", plots=False)
+    ke.pipelines.validate(model, {"crop": clip}, out_dir=tmp_path / "b", plots=False)
     ja, jb = (tmp_path / "a" / "crop.json").read_bytes(), (tmp_path / "b" / "crop.json").read_bytes()
     assert ja == jb
     assert (tmp_path / "a" / "summary.csv").read_bytes() == (tmp_path / "b" / "summary.csv").read_bytes()
     assert b"/tmp" not in ja and b"time" not in ja.lower().replace(b"timestep", b"")
     # resume: the same input is not recomputed; a changed setting is
-    c = ke.sim.validate(model, {"crop": clip}, out_dir=tmp_path / "a", plots=False)
+    c = ke.pipelines.validate(model, {"crop": clip}, out_dir=tmp_path / "a", plots=False)
     assert c.reports[0].resumed and c.simulated_seconds == 0.0
     assert c.reports[0].verdict == a.reports[0].verdict and c.reports[0].metrics == json.loads(ja)["metrics"]
-    d = ke.sim.validate(
+    d = ke.pipelines.validate(
         model, {"crop": clip}, out_dir=tmp_path / "a", plots=False, thresholds=ValidationThresholds(body_error_ok=0.04)
     )
     assert not d.reports[0].resumed and d.simulated_seconds > 0
@@ -267,10 +267,10 @@ def test_settings_and_input_errors(model, walk, layout):
     other = ke.animation.ArticulationMotion(walk.q, walk.qd, walk.fps(), "0" * 16)
     with pytest.raises(ke.errors.LayoutMismatch):
         ke.sim.track(model, [other])
-    res = ke.sim.validate(model, {"other": other, "text": "not a motion"})
+    res = ke.pipelines.validate(model, {"other": other, "text": "not a motion"})
     assert [s.name for s in res.skipped] == ["other", "text"] and res.reports == ()
     with pytest.raises(ke.errors.DuplicateNameError):
-        ke.sim.validate(model, [walk, walk], names=["a/b", "a_b"], out_dir=None)
+        ke.pipelines.validate(model, [walk, walk], names=["a/b", "a_b"], out_dir=None)
 
 
 def test_cli_validate_writes_reports(model, walk, layout, tmp_path, capsys):
@@ -313,7 +313,7 @@ def test_fixed_base_model_is_tracked_without_support_rules():
     t = np.arange(61) / 60
     q = np.stack([0.3 * np.sin(2 * t), 0.5 * np.sin(3 * t)], axis=1)
     clip = ke.animation.ArticulationMotion(q, np.zeros_like(q), 60.0, layout.model_signature)
-    res = ke.sim.validate(model, {"cart": clip})
+    res = ke.pipelines.validate(model, {"cart": clip})
     rep = res.reports[0]
     assert rep.verdict is Verdict.OK, rep.reason_codes
     assert rep.metrics["body_error_mean_m"] < 1e-3 and rep.metrics["residual_force_max_over_weight"] == 0.0

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-from .base import MotionAdapter, require
+from .base import MotionAdapter
 
 __all__ = [
     "MotionAdapter",
-    "require",
     "mujoco",
     "newton",
     "physx",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["MotionAdapter", "require"]
+__all__ = ["MotionAdapter"]
 
 
 @runtime_checkable
@@ -62,20 +62,3 @@ class MotionAdapter(Protocol):
             A dataclass of ``[n, ...]`` tensors on the input device (e.g. ``qpos``/``qvel`` for MuJoCo).
         """
         ...
-
-
-def require(module: str, extra: str):
-    """Import an optional backend lazily; :class:`~kangengine.errors.MissingDependencyError` naming the
-    extra to install otherwise (``pip install -e ".[newton]"``)."""
-    import importlib
-
-    from ..errors import MissingDependencyError
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the optional dependency {module!r} is not installed; install KangEngine with the "
-            f"'{extra}' extra: pip install -e \".[{extra}]\"",
-            item=module,
-        ) from exc

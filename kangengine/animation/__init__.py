@@ -4,8 +4,7 @@ from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinem
 from .library import BodyState, Interpolation, MotionLibrary, MotionSample, PackedMotionBuffers
 from .mapper import ArticulationMotionMapper, CoordinatesResult, MappingResult, SkeletonOffsetWarning
 from .motion import ArticulationMotion, load_articulation_motion_npz, save_articulation_motion_npz
-from .retarget import RetargetConfig, RetargetResult, list_retarget_configs, load_retarget_config, retarget_motion
-from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
+from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree, motion_yup_from_zup, motion_zup_from_yup
 
 __all__ = [
     "ArticulationCoordinateLayout",
@@ -17,6 +16,8 @@ __all__ = [
     "SkeletonTree",
     "SkeletonState",
     "SkeletonMotion",
+    "motion_zup_from_yup",
+    "motion_yup_from_zup",
     "ArticulationMotionMapper",
     "MappingResult",
     "CoordinatesResult",
@@ -26,10 +27,4 @@ __all__ = [
     "BodyState",
     "PackedMotionBuffers",
     "Interpolation",
-    "retarget",
-    "retarget_motion",
-    "RetargetConfig",
-    "RetargetResult",
-    "load_retarget_config",
-    "list_retarget_configs",
 ]

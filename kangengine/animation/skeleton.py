@@ -21,12 +21,13 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import conventions as C
 from .. import rotations as R
 from .._files import atomic_write, load_npz
 from ..errors import DuplicateNameError, FormatError, NonFiniteError, ShapeError, TopologyError, UnknownNameError
 from .kinematics import BodyKinematics, tree_plan_from_rest
 
-__all__ = ["SkeletonTree", "SkeletonState", "SkeletonMotion"]
+__all__ = ["SkeletonTree", "SkeletonState", "SkeletonMotion", "motion_zup_from_yup", "motion_yup_from_zup"]
 
 SKELETON_MOTION_FORMAT = "kangengine.skeleton_motion"
 SKELETON_MOTION_VERSION = 1
@@ -537,3 +538,34 @@ class SkeletonMotion(SkeletonState):
             )
         except (FormatError, ShapeError) as exc:
             raise type(exc)(str(exc), path=path) from exc
+
+
+def _motion_convert(motion, vec, quat):
+    tree = motion.tree
+    new_tree = SkeletonTree(tree.node_names, tree.parent_indices, vec(tree.local_translation))
+    lt = None if motion.local_translation is None else vec(motion.local_translation)
+    return SkeletonMotion(
+        new_tree,
+        vec(motion.root_translation),
+        quat(motion.local_rotation),
+        motion.fps,
+        lt,
+        metadata=dict(motion.metadata),
+        skip_checks=True,
+    )
+
+
+def motion_zup_from_yup(motion):
+    """A :class:`~kangengine.animation.SkeletonMotion` written in Y-up axes, re-expressed in Z-up axes.
+
+    Every translation (tree offsets, root and per-frame local translations) goes through
+    :func:`kangengine.conventions.vec_zup_from_yup` and every local rotation through
+    :func:`kangengine.conventions.quat_zup_from_yup`, so global positions become
+    ``vec_zup_from_yup(global positions)``. Arrays keep their type, dtype and device.
+    """
+    return _motion_convert(motion, C.vec_zup_from_yup, C.quat_zup_from_yup)
+
+
+def motion_yup_from_zup(motion):
+    """Inverse of :func:`motion_zup_from_yup`."""
+    return _motion_convert(motion, C.vec_yup_from_zup, C.quat_yup_from_zup)

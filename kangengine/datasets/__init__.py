@@ -1,20 +1,17 @@
 """Motion datasets and arrays: AMASS / SMPL-family npz (:mod:`.amass`) and poselib ``.npy`` files read
-without unrestricted pickle (:mod:`.arrays`)."""
+without unrestricted pickle (:mod:`.arrays`, through :class:`RestrictedUnpickler`)."""
 
-from . import amass, arrays, batch
-from .arrays import RestrictedUnpickler, load_npy, load_npz_motion, load_pickle, load_poselib, load_poselib_motion
-from .batch import ConvertOptions, convert_clips
+from .._files import RestrictedUnpickler, load_npy, load_pickle, loads_restricted
+from . import amass, arrays
+from .arrays import load_poselib, load_poselib_motion
 
 __all__ = [
     "amass",
     "arrays",
-    "batch",
-    "convert_clips",
-    "ConvertOptions",
     "RestrictedUnpickler",
     "load_npy",
     "load_pickle",
+    "loads_restricted",
     "load_poselib",
     "load_poselib_motion",
-    "load_npz_motion",
 ]

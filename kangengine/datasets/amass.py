@@ -50,10 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conventions as axes
 from .. import rotations as R
 from ..animation.skeleton import SkeletonMotion, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, NonFiniteError, ShapeError
-from ..io import axes
 
 __all__ = [
     "BodyModelType",
@@ -512,7 +512,7 @@ def _read_model(path: Path) -> dict:
         except Exception as exc:
             raise FormatError(f"not a readable npz body model ({type(exc).__name__}: {exc})", path=path) from exc
         return out
-    from .arrays import load_pickle
+    from .._files import load_pickle
 
     d = load_pickle(path, extra_globals=_model_pickle_globals())
     if not isinstance(d, dict):
@@ -573,7 +573,7 @@ def rest_joints(
         for i, p in enumerate(parents):
             pos[i] = local[i] if p < 0 else pos[p] + local[i]
         return RestJoints(BodyModelType.SMPL, pos, parents, 0, None)
-    from ..adapters.base import require
+    from .._deps import require
 
     smplx_lbs = require("smplx.lbs", "smpl")
     import torch

@@ -22,137 +22,18 @@ The poselib dict layout (what :func:`load_poselib` reads)::
 
 from __future__ import annotations
 
-import collections
-import io
 import os
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from .. import rotations as R
+from .._files import load_npy
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError
 
-__all__ = ["RestrictedUnpickler", "load_pickle", "load_npy", "load_poselib", "load_poselib_motion", "load_npz_motion"]
-
-
-def _numpy_core(submodule: str):
-    """``numpy._core.<submodule>`` (numpy 2) or ``numpy.core.<submodule>`` (numpy 1)."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"numpy._core.{submodule}")
-    except ImportError:  # numpy 1.x
-        return importlib.import_module(f"numpy.core.{submodule}")
-
-
-def _codecs_encode(obj, encoding="utf-8", errors="strict"):
-    """What Python 3 pickles of ``bytes`` at protocols 0-2 call (``_codecs.encode(str, "latin1")``); text
-    encodings only."""
-    import codecs
-
-    if not isinstance(obj, str) or not codecs.lookup(encoding)._is_text_encoding:
-        raise FormatError(f"refused _codecs.encode({type(obj).__name__}, {encoding!r}); expected text to bytes")
-    return codecs.encode(obj, encoding, errors)
-
-
-def _default_globals() -> dict[tuple[str, str], Any]:
-    multiarray = _numpy_core("multiarray")
-    numeric = _numpy_core("numeric")
-    allowed: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("collections", "OrderedDict"): collections.OrderedDict,
-        ("_codecs", "encode"): _codecs_encode,
-    }
-    for core in ("numpy.core", "numpy._core"):
-        allowed[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
-        allowed[(f"{core}.multiarray", "scalar")] = multiarray.scalar
-        if hasattr(numeric, "_frombuffer"):
-            allowed[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
-    for name in (
-        "dict",
-        "list",
-        "tuple",
-        "set",
-        "frozenset",
-        "bytearray",
-        "complex",
-        "int",
-        "float",
-        "bool",
-        "str",
-        "bytes",
-    ):
-        allowed[("builtins", name)] = getattr(__import__("builtins"), name)
-    return allowed
-
-
-# Python 2 pickles (SMPL model files) name modules the Python 2 way.
-_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg", "cPickle": "pickle"}
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """A :class:`pickle.Unpickler` that rebuilds only numpy arrays and plain Python containers.
-
-    ``find_class`` admits numpy array reconstruction (``numpy.core.multiarray._reconstruct`` and its
-    numpy 2 name ``numpy._core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``, numpy
-    scalars, ``numpy.core.numeric._frombuffer``), ``collections.OrderedDict`` and the builtin containers
-    and scalar types; everything else raises :class:`~kangengine.errors.FormatError` naming the file and
-    the global, so no code from the file ever runs. Persistent ids are refused too.
-
-    Args:
-        file: a binary file object positioned at the pickle.
-        path: the file's path, used in error messages.
-        extra_globals: more ``{(module, name): object}`` to admit (the SMPL model reader adds stand-ins
-            for ``scipy.sparse`` matrices this way).
-        encoding: how to decode Python 2 ``str`` objects (``"latin1"`` keeps numpy buffers intact).
-    """
-
-    def __init__(
-        self,
-        file,
-        *,
-        path: str | os.PathLike | None = None,
-        extra_globals: Mapping[tuple[str, str], Any] | None = None,
-        encoding: str = "latin1",
-    ):
-        super().__init__(file, encoding=encoding, fix_imports=False)
-        self._path = path
-        self._allowed = _default_globals()
-        if extra_globals:
-            self._allowed.update(extra_globals)
-
-    def find_class(self, module: str, name: str):
-        module = _PY2_MODULES.get(module, module)
-        try:
-            return self._allowed[(module, name)]
-        except KeyError:
-            raise FormatError(
-                f"refused pickled global '{module}.{name}': only numpy arrays, dicts, lists "
-                "and scalars are read from pickles",
-                path=self._path,
-                item=f"{module}.{name}",
-            ) from None
-
-    def persistent_load(self, pid):
-        raise FormatError(
-            f"refused pickle persistent id {pid!r}; expected plain numpy arrays and containers", path=self._path
-        )
-
-
-def _unpickle(fileobj, path, extra_globals=None):
-    try:
-        return RestrictedUnpickler(fileobj, path=path, extra_globals=extra_globals).load()
-    except KangEngineError:
-        raise
-    except RecursionError:
-        raise FormatError("pickle nests too deeply; expected a plain dict of arrays", path=path) from None
-    except Exception as exc:
-        raise FormatError(f"not a readable pickle ({type(exc).__name__}: {exc})", path=path) from exc
+__all__ = ["load_poselib", "load_poselib_motion"]
 
 
 def _check_file(path) -> Path:
@@ -160,58 +41,6 @@ def _check_file(path) -> Path:
     if not path.is_file():
         raise FileMissingError("no such file", path=path)
     return path
-
-
-def load_pickle(path: str | os.PathLike, *, extra_globals: Mapping[tuple[str, str], Any] | None = None):
-    """Read a pickle file (``.pkl``) through :class:`RestrictedUnpickler`.
-
-    Returns:
-        the unpickled object: dicts, lists, tuples, numpy arrays and scalars only.
-
-    Raises:
-        FileMissingError: no such file.
-        FormatError: a refused global, a truncated or corrupt pickle.
-    """
-    path = _check_file(path)
-    with open(path, "rb") as f:
-        return _unpickle(f, path, extra_globals)
-
-
-def load_npy(path: str | os.PathLike):
-    """Read a ``.npy`` file; an object array (a pickled payload) goes through :class:`RestrictedUnpickler`.
-
-    Returns:
-        a numpy array; for a 0-d object array (what ``np.save(path, some_dict)`` writes) the object
-        itself (``arr.item()``), e.g. poselib's dict.
-
-    Raises:
-        FileMissingError, FormatError: no such file, not an ``.npy`` file, a refused pickle global,
-        truncated data.
-    """
-    path = _check_file(path)
-    with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)  # 3.0: same header layout
-        except Exception as exc:
-            raise FormatError(f"not an .npy file ({type(exc).__name__}: {exc})", path=path) from exc
-        if not dtype.hasobject:
-            f.seek(0)
-            try:
-                return np.load(f, allow_pickle=False)
-            except Exception as exc:
-                raise FormatError(f"truncated or corrupt .npy data ({type(exc).__name__}: {exc})", path=path) from exc
-        obj = _unpickle(f, path)
-    if isinstance(obj, np.ndarray) and obj.shape == () and obj.dtype.hasobject:
-        return obj.item()
-    if isinstance(obj, np.ndarray) and tuple(obj.shape) != tuple(shape):
-        raise FormatError(f"pickled array has shape {obj.shape}; the header says {shape}", path=path)
-    return obj
 
 
 # -- poselib ---------------------------------------------------------------------------------------------
@@ -354,13 +183,8 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
         raise type(exc)(str(exc), path=path) from exc
 
 
-def _loads_restricted(data: bytes, *, path=None):
-    """Unpickle bytes through :class:`RestrictedUnpickler` (tests and in-memory payloads)."""
-    return _unpickle(io.BytesIO(data), path)
-
-
 def load_poselib_motion(path: str | os.PathLike) -> SkeletonMotion:
-    """:func:`load_poselib` for files that must hold a motion (``ke.io.load_motion`` uses it for ``.npy``).
+    """:func:`load_poselib` for files that must hold a motion (``ke.pipelines.load_motion`` uses it for ``.npy``).
 
     Raises:
         FormatError: the file holds a ``SkeletonState`` (a single pose) rather than a ``SkeletonMotion``.
@@ -374,31 +198,3 @@ def load_poselib_motion(path: str | os.PathLike) -> SkeletonMotion:
             item="__name__",
         )
     return m
-
-
-def load_npz_motion(path: str | os.PathLike, **kw) -> SkeletonMotion:
-    """Read a motion ``.npz`` of either kind, without pickle (``ke.io.load_motion`` uses it for ``.npz``):
-    a file written by ``SkeletonMotion.save_npz`` (key ``format``), or an AMASS / SMPL-family clip (key
-    ``poses`` or ``root_orient``; keyword arguments go to :func:`kangengine.datasets.amass.load`).
-
-    Raises:
-        FileMissingError, FormatError: no such file; neither layout (the message lists the file's keys).
-    """
-    path = _check_file(path)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            keys = set(z.files)
-    except Exception as exc:
-        raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
-    if "format" in keys:
-        if kw:
-            raise FormatError(f"options {sorted(kw)} apply to AMASS files only", path=path)
-        return SkeletonMotion.load_npz(path)
-    if "poses" in keys or "root_orient" in keys:
-        from . import amass
-
-        return amass.load(path, **kw)
-    raise FormatError(
-        f"neither a KangEngine motion (key 'format') nor an AMASS clip (key 'poses'); the file holds {sorted(keys)}",
-        path=path,
-    )

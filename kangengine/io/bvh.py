@@ -13,7 +13,7 @@ Reading (:func:`load_bvh`)
       motion's per-frame ``local_translation`` (``None`` when only the root translates).
     * ``End Site`` blocks become leaf nodes named ``<parent>_end`` (``<parent>_end2``... if taken) with
       identity rotation; a leaf ``JOINT`` without ``End Site`` stays a plain node.
-    * Axes: the result is Z up, X forward (see :mod:`kangengine.io.axes`); a Y-up file is re-expressed
+    * Axes: the result is Z up, X forward (see :mod:`kangengine.conventions`); a Y-up file is re-expressed
       with ``zup_from_yup`` (every offset, translation and local rotation, so joint frames at zero rotation
       stay aligned with the world axes).
     * Units: metres. See :func:`load_bvh` for the unit detection.
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conventions as axes
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
-from . import axes
 
 __all__ = ["load_bvh", "save_bvh", "BVH_LENGTH_UNITS", "BVHFrameCountWarning"]
 

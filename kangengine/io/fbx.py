@@ -24,7 +24,7 @@ Units and axes
     1.0 when absent), including the scale of the nodes above the skeleton (a Blender export carries
     ``x100`` on the armature object). They become metres with ``UnitScaleFactor / 100`` and then
     ``scale`` (a multiplier, default 1). The scene's ``UpAxis`` (Y or Z) says whether ``zup_from_yup``
-    applies (see :mod:`kangengine.io.axes`). Scales on nodes inside the skeleton are assumed uniform:
+    applies (see :mod:`kangengine.conventions`). Scales on nodes inside the skeleton are assumed uniform:
     rotations are taken from the world matrices with their column lengths divided out.
 
 Why not ``pyassimp.load``: with the Debian library (5.2) it fails on skinned meshes (its ``aiBone``
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conventions as axes
 from .. import rotations as R
 from ..errors import FileMissingError, FormatError, MissingDependencyError, UnitsWarning, UnknownNameError
-from . import axes
 
 __all__ = ["load_fbx", "fbx_take_names"]
 

@@ -15,7 +15,6 @@ from .dynamics import (
 from .integrator import LinearSolver, Simulator, StepResult
 from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
 from .model import ContactParams, JointFriction, Model, State
-from .report import ClipReport, Reason, Severity, ValidationResult, ValidationThresholds, Verdict, validate
 from .tracking import (
     FeedForward,
     TrackingReference,
@@ -25,6 +24,7 @@ from .tracking import (
     prepare_reference,
     track,
 )
+from .verdict import Reason, Severity, ValidationThresholds, Verdict, summarize, verdict_of
 
 __all__ = [
     "Model",
@@ -59,10 +59,9 @@ __all__ = [
     "TrackingReference",
     "TrackingResult",
     "FeedForward",
-    "validate",
     "ValidationThresholds",
-    "ValidationResult",
-    "ClipReport",
+    "summarize",
+    "verdict_of",
     "Reason",
     "Severity",
     "Verdict",

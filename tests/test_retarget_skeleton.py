@@ -1,4 +1,4 @@
-"""Skeleton-to-skeleton retargeting (kangengine.animation.retarget) on real mocap and real models."""
+"""Skeleton-to-skeleton retargeting (kangengine.retarget) on real mocap and real models."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from conftest import data_file
 
 import kangengine as ke
 from kangengine import rotations as R
-from kangengine.animation import retarget as rt
 from kangengine.animation.mapper import ArticulationMotionMapper
 from kangengine.errors import FileMissingError, FormatError, ShapeError, UnknownNameError
+from kangengine.retarget import skeleton as rt
 
 AMP_MJCF = "mjcf/protomotions/amp_humanoid.xml"
 AMP_TPOSE_ADJUST = (
@@ -124,7 +124,7 @@ def test_same_skeleton_is_reproduced(amp_desc, walk, amp_tpose):
     cfg = rt.RetargetConfig(
         {n: n for n in walk.tree.node_names}, ground_fix="none", target_tpose=rt.TPoseSpec(adjust=AMP_TPOSE_ADJUST)
     )
-    res = rt.retarget(walk, cfg, amp_desc, source_tpose=amp_tpose)
+    res = rt.retarget_motion(walk, cfg, amp_desc, source_tpose=amp_tpose)
     d = res.motion.global_translation - walk.global_translation
     np.testing.assert_allclose(d - d[:1, :1], 0, atol=2e-5)
     assert res.motion.fps == walk.fps and res.motion.local_rotation.dtype == np.float32
@@ -167,11 +167,11 @@ def test_joint_frames_heading_and_units_of_the_source_do_not_matter(amp_desc, wa
         rotation_wxyz=R.quat_from_axis_angle([0, 0, 1], np.radians(-70)),
         target_tpose=rt.TPoseSpec(adjust=AMP_TPOSE_ADJUST),
     )
-    res = rt.retarget(src, cfg, amp_desc, source_tpose=src_tpose)
+    res = rt.retarget_motion(src, cfg, amp_desc, source_tpose=src_tpose)
     d = res.motion.global_translation - walk.global_translation
     np.testing.assert_allclose(d - d[:1, :1], 0, atol=1e-4)
     # the result does not depend on the source frames at all
-    res2 = rt.retarget(
+    res2 = rt.retarget_motion(
         _reframe(walk, 70.0, 100.0, seed=7), cfg, amp_desc, source_tpose=_reframe(amp_tpose, 70.0, 100.0, seed=7)
     )
     np.testing.assert_allclose(res2.motion.global_translation, res.motion.global_translation, atol=1e-4)
@@ -180,7 +180,7 @@ def test_joint_frames_heading_and_units_of_the_source_do_not_matter(amp_desc, wa
 def test_unmapped_target_joints_keep_their_tpose_local_rotation(amp_desc, walk, amp_tpose):
     mapping = {n: n for n in walk.tree.node_names if n not in ("left_lower_arm", "head")}
     cfg = rt.RetargetConfig(mapping, ground_fix="none", target_tpose=rt.TPoseSpec(adjust=AMP_TPOSE_ADJUST))
-    res = rt.retarget(walk, cfg, amp_desc, source_tpose=amp_tpose)
+    res = rt.retarget_motion(walk, cfg, amp_desc, source_tpose=amp_tpose)
     t = res.target_tpose
     for name in ("left_lower_arm", "head", "left_hand"):
         i = t.tree.index(name)
@@ -192,7 +192,7 @@ def test_unmapped_target_joints_keep_their_tpose_local_rotation(amp_desc, walk, 
 
 def test_ground_fix_modes(amp_desc, walk, amp_tpose):
     base = rt.RetargetConfig({n: n for n in walk.tree.node_names}, target_tpose=rt.TPoseSpec(adjust=AMP_TPOSE_ADJUST))
-    run = lambda **kw: rt.retarget(walk, base.replace(**kw), amp_desc, source_tpose=amp_tpose)
+    run = lambda **kw: rt.retarget_motion(walk, base.replace(**kw), amp_desc, source_tpose=amp_tpose)
     none = run(ground_fix="none")
     z = none.motion.global_translation[..., 2].min(axis=1)
     clip = run(ground_fix="clip_min", root_height_offset=0.05)
@@ -212,17 +212,17 @@ def test_ground_fix_modes(amp_desc, walk, amp_tpose):
 def test_errors_name_what_is_wrong(amp_desc, walk, amp_tpose):
     cfg = rt.RetargetConfig({"pelvis": "pelvis", "nose": "torso"})
     with pytest.raises(UnknownNameError, match="nose.*nodes are: pelvis"):
-        rt.retarget(walk, cfg, amp_desc)
+        rt.retarget_motion(walk, cfg, amp_desc)
     with pytest.raises(UnknownNameError, match="tail"):
-        rt.retarget(walk, rt.RetargetConfig({"pelvis": "tail"}), amp_desc)
+        rt.retarget_motion(walk, rt.RetargetConfig({"pelvis": "tail"}), amp_desc)
     with pytest.raises(FormatError, match="target root 'pelvis' is not mapped"):
-        rt.retarget(walk, rt.RetargetConfig({"torso": "torso"}), amp_desc)
+        rt.retarget_motion(walk, rt.RetargetConfig({"torso": "torso"}), amp_desc)
     with pytest.raises(ShapeError, match="SkeletonMotion"):
-        rt.retarget(amp_tpose, rt.RetargetConfig({"pelvis": "pelvis"}), amp_desc)
+        rt.retarget_motion(amp_tpose, rt.RetargetConfig({"pelvis": "pelvis"}), amp_desc)
     with pytest.raises(ShapeError, match="target"):
-        rt.retarget(walk, rt.RetargetConfig({"pelvis": "pelvis"}), target=42)
+        rt.retarget_motion(walk, rt.RetargetConfig({"pelvis": "pelvis"}), target=42)
     with pytest.raises(ShapeError, match="no shipped target"):
-        rt.retarget(walk, rt.RetargetConfig({"pelvis": "pelvis"}))
+        rt.retarget_motion(walk, rt.RetargetConfig({"pelvis": "pelvis"}))
 
 
 # -- SMPL -> SMPL humanoid ---------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_smpl_to_smpl_humanoid_is_a_renaming(tmp_path):
         tmp_path / "clip.npz", poses=poses, trans=trans, betas=np.zeros(10), gender="neutral", mocap_framerate=60.0
     )
     clip = ke.datasets.amass.load(tmp_path / "clip.npz")
-    res = rt.retarget(clip, "smpl_to_smpl_humanoid", desc)
+    res = rt.retarget_motion(clip, "smpl_to_smpl_humanoid", desc)
     order = [clip.tree.index(n) for n in res.motion.tree.node_names]
     d = res.motion.global_translation - clip.global_translation[:, order]
     np.testing.assert_allclose(d - [0, 0, res.ground_shift], 0, atol=1e-5)
@@ -256,7 +256,7 @@ def test_smpl_to_smpl_humanoid_is_a_renaming(tmp_path):
 
 
 def test_cmu_bvh_to_cmu_humanoid_feet_on_ground_and_small_mapping_error(cmu_bvh, cmu_desc):
-    res = rt.retarget(cmu_bvh, "cmu_bvh_to_cmu_humanoid", cmu_desc)
+    res = rt.retarget_motion(cmu_bvh, "cmu_bvh_to_cmu_humanoid", cmu_desc)
     m = res.motion
     assert m.tree.node_names == cmu_desc.body_names and m.num_frames == cmu_bvh.num_frames
     assert set(res.projected_joints) == {"ltibia", "rtibia", "lradius", "rradius"}
@@ -288,7 +288,7 @@ def test_project_hinges_keeps_feet_where_the_source_puts_them(cmu_bvh, cmu_desc)
     mapper = _mapper(cmu_desc)
     errs = {}
     for flag in (True, False):
-        m = rt.retarget(cmu_bvh, cfg.replace(project_hinges=flag), cmu_desc).motion
+        m = rt.retarget_motion(cmu_bvh, cfg.replace(project_hinges=flag), cmu_desc).motion
         pos, _ = ke.animation.forward_kinematics(mapper.layout, mapper.to_articulation_motion(m).motion.q)
         foot = mapper.layout.body_index("lfoot")
         errs[flag] = np.linalg.norm(pos[:, foot] - m.global_translation[:, foot], axis=-1).mean()
@@ -358,7 +358,7 @@ def test_cmu_fbx_to_amp_equals_an_independent_poselib_reimplementation(cmu_fbx, 
     names, want = _poselib_reference(
         src, raw["joint_mapping"], raw["rotation"], raw["scale"], raw["root_height_offset"]
     )
-    res = rt.retarget(src, "cmu_to_amp", amp_desc)
+    res = rt.retarget_motion(src, "cmu_to_amp", amp_desc)
     got = res.motion.global_translation.astype(float)[:, [res.motion.tree.index(n) for n in names]]
     got[..., :2] -= got[:1, :1, :2]  # the start offset: poselib keeps the source T-pose's root position
     want[..., :2] -= want[:1, :1, :2]
@@ -401,7 +401,7 @@ def _align_to_reference(motion, reference):
     ),
 )
 def test_cmu_fbx_reproduces_poselib_amp_walk(cmu_fbx, amp_desc, walk):
-    res = rt.retarget(cmu_fbx, "cmu_to_amp", amp_desc)
+    res = rt.retarget_motion(cmu_fbx, "cmu_to_amp", amp_desc)
     err, how = _align_to_reference(res.motion, walk)
     assert err <= 0.03, f"best alignment {how}: mean body error {err:.3f} m"
 
@@ -412,8 +412,8 @@ def test_cgspeed_name_variants_and_layout_targets(cmu_desc):
     assert "LFingers" in hops.tree.node_names and "LeftHandIndex1" not in hops.tree.node_names
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=cmu_desc, free_root=True)
     cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid")
-    a = rt.retarget(hops, cfg.replace(ground_reference="body_origins"), cmu_desc)
-    b = rt.retarget(hops, cfg.replace(ground_reference="body_origins"), layout)  # same joints, no geoms needed
+    a = rt.retarget_motion(hops, cfg.replace(ground_reference="body_origins"), cmu_desc)
+    b = rt.retarget_motion(hops, cfg.replace(ground_reference="body_origins"), layout)  # same joints, no geoms needed
     np.testing.assert_allclose(a.motion.global_translation, b.motion.global_translation, atol=1e-6)
     assert b.projected_joints == a.projected_joints and b.rigid_target_joints == a.rigid_target_joints
     i = cmu_desc.body_index("lfingers")
@@ -421,4 +421,6 @@ def test_cgspeed_name_variants_and_layout_targets(cmu_desc):
         a.motion.local_rotation[:, i], a.motion.local_rotation[:1, i]
     )
     with pytest.raises(UnknownNameError, match=r"LeftHandIndex1\|LFingerz"):
-        rt.retarget(hops, cfg.replace(joint_mapping={"Hips": "root", "LeftHandIndex1|LFingerz": "lfingers"}), cmu_desc)
+        rt.retarget_motion(
+            hops, cfg.replace(joint_mapping={"Hips": "root", "LeftHandIndex1|LFingerz": "lfingers"}), cmu_desc
+        )

@@ -1,4 +1,4 @@
-"""Small example files shipped with KangEngine (see ``data/LICENSES.md``)."""
+"""Small example files shipped with KangEngine (see ``LICENSES.md`` beside this file)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 __all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_WALK_BVH", "CMU_WALK_FBX"]
 
-_DATA = Path(__file__).resolve().parent / "data"
+_DATA = Path(__file__).resolve().parent
 
 
 def data_path(name: str) -> Path:

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import rotations as R
+from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, ShapeError, UnknownNameError
-from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 
 __all__ = [
     "GroundFix",
@@ -51,14 +51,13 @@ __all__ = [
     "TPoseSpec",
     "RetargetConfig",
     "RetargetResult",
-    "retarget",
     "make_tpose",
     "load_retarget_config",
     "list_retarget_configs",
     "retarget_motion",
 ]
 
-_CONFIG_DIR = Path(__file__).resolve().parent / "retarget_configs"
+_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 class GroundFix(enum.Enum):
@@ -194,8 +193,12 @@ class RetargetConfig:
         ground_window_s: window (s) of ``GroundFix.ROLLING_MIN``.
         name: configuration name.
         description: what the configuration expects (source skeleton, target model).
-        target_asset: the shipped example model the target is (``kangengine.examples.data_path``), if any.
+        target_asset: the default target model file, if any: absolute, or relative to the folder of the
+            configuration file (shipped configurations: ``kangengine/retarget/configs/``); see
+            :meth:`target_model_path`.
         attribution: where the numbers came from (licenses of third-party configurations).
+        config_dir: folder of the file the configuration was read from (``None``: built in Python); not
+            written by :meth:`to_dict`.
     """
 
     joint_mapping: Mapping[str, str]
@@ -213,6 +216,7 @@ class RetargetConfig:
     description: str = ""
     target_asset: str | None = None
     attribution: str = ""
+    config_dir: str | None = None
 
     def __post_init__(self):
         jm = dict(self.joint_mapping)
@@ -270,7 +274,7 @@ class RetargetConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping, *, path=None) -> RetargetConfig:
-        """Build from the JSON object layout (see the shipped files in ``retarget_configs/``)."""
+        """Build from the JSON object layout (see the shipped files in ``kangengine/retarget/configs/``)."""
         if not isinstance(d, Mapping):
             raise FormatError(f"holds {type(d).__name__}; expected a JSON object", path=path)
         unknown = sorted(set(d) - set(cls._KEYS))
@@ -313,7 +317,23 @@ class RetargetConfig:
             d = json.loads(p.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise FormatError(f"not valid JSON ({exc})", path=p) from exc
-        return cls.from_dict(d, path=p)
+        return replace(cls.from_dict(d, path=p), config_dir=str(p.resolve().parent))
+
+    def target_model_path(self) -> Path | None:
+        """The default target model file (``target_asset`` resolved against ``config_dir``), or ``None``.
+
+        Raises:
+            FileMissingError: the configuration names a model file that does not exist.
+        """
+        if self.target_asset is None:
+            return None
+        p = Path(self.target_asset)
+        if not p.is_absolute():
+            p = Path(self.config_dir or _CONFIG_DIR) / p
+        p = p.resolve()
+        if not p.is_file():
+            raise FileMissingError(f"the target model of configuration {self.name!r} does not exist", path=p)
+        return p
 
     @classmethod
     def from_poselib_json(cls, path: str | os.PathLike, **overrides) -> RetargetConfig:
@@ -414,8 +434,8 @@ class _Target:
 
 
 def _as_target(target) -> _Target:
+    from ..animation.layout import ArticulationCoordinateLayout
     from ..asset.desc import ArticulationDesc
-    from .layout import ArticulationCoordinateLayout
 
     if isinstance(target, (str, os.PathLike)):
         from ..asset import load as load_asset
@@ -745,7 +765,7 @@ def _auto_scale(src_tpose: SkeletonState, tgt_tpose: SkeletonState, src_idx, tgt
     return float(ht / hs)
 
 
-def retarget(
+def retarget_motion(
     source: SkeletonMotion,
     config: RetargetConfig | str,
     target=None,
@@ -760,7 +780,7 @@ def retarget(
         config: a :class:`RetargetConfig` or the name of a shipped one (:func:`list_retarget_configs`).
         target: the target: ``ArticulationDesc`` (or a model file path, or a coordinate layout), a
             ``SkeletonTree``, or a ``SkeletonState`` whose pose is the target's rest pose. Default: the
-            configuration's ``target_asset`` (a shipped example model).
+            configuration's ``target_asset`` (:meth:`RetargetConfig.target_model_path`).
         source_tpose: the source T-pose (``SkeletonState`` on the source tree); default
             ``make_tpose(source.tree, config.source_tpose)`` (the source's rest pose, e.g. a BVH T-pose).
         target_tpose: the target T-pose on the target tree; default ``make_tpose(target, config.target_tpose)``.
@@ -781,9 +801,7 @@ def retarget(
             raise ShapeError(
                 f"configuration {config.name!r} names no shipped target model; pass target=", item="target"
             )
-        from ..examples import data_path
-
-        target = data_path(config.target_asset)
+        target = config.target_model_path()
     tgt = _as_target(target)
     src = source.numpy()
     dtype = src.local_rotation.dtype if src.local_rotation.dtype in (np.float32, np.float64) else np.float64
@@ -917,8 +935,3 @@ def retarget(
         rigid_target_joints=tuple(rigid),
         projected_joints=tuple(projected),
     )
-
-
-#: The same function as :func:`retarget`, under a name that does not shadow the module in
-#: ``kangengine.animation`` (``ke.animation.retarget_motion(...)``).
-retarget_motion = retarget

@@ -11,8 +11,8 @@ from conftest import data_file
 
 import kangengine as ke
 from kangengine.cli import main
-from kangengine.datasets import ConvertOptions, convert_clips
-from kangengine.examples import data_path
+from kangengine.data import data_path
+from kangengine.pipelines import ConvertOptions, convert_clips
 
 MODEL = data_path("humanoid_CMU.xml")
 OPTS = ConvertOptions(config="cmu_bvh_to_cmu_humanoid")
@@ -44,7 +44,7 @@ def test_converts_good_clips_and_lists_bad_ones(clips, tmp_path):
     assert motion.metadata["residual_max_rad"] < 0.5 and np.isfinite(motion.q).all()
     # the written q is the mapper's own result for the retargeted clip
     src = ke.io.load_bvh(good)
-    moved = ke.animation.retarget_motion(src, OPTS.config, ke.asset.load(MODEL))
+    moved = ke.retarget.retarget_motion(src, OPTS.config, ke.asset.load(MODEL))
     again = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved.motion)
     np.testing.assert_array_equal(motion.q, again.motion.q)
 

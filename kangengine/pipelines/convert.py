@@ -42,7 +42,7 @@ class ConvertOptions:
     """What a conversion does (part of every output's fingerprint).
 
     Attributes:
-        config: name of a shipped retarget configuration (``ke.animation.list_retarget_configs()``).
+        config: name of a shipped retarget configuration (``ke.retarget.list_retarget_configs()``).
         free_root: the layout's free root (``ArticulationCoordinateLayout.from_data(free_root=...)``).
         clamp_to_limits: clamp hinge/slide values into their limits (the residual reports the cost).
         fps: resample every clip to this rate before mapping (``None``: keep the clip's own rate).
@@ -142,11 +142,11 @@ def map_clip(path, desc, mapper, config: str, *, clamp_to_limits: bool = False, 
 
     Returns:
         ``(mapping, retarget_result, source_motion)``: the mapper's
-        :class:`~kangengine.animation.MappingResult`, the :class:`~kangengine.animation.RetargetResult`, and
+        :class:`~kangengine.animation.MappingResult`, the :class:`~kangengine.retarget.RetargetResult`, and
         the clip as read.
     """
-    from ..animation import retarget_motion
-    from ..io import load_motion
+    from ..retarget import retarget_motion
+    from .load import load_motion
 
     motion = load_motion(path)
     if fps is not None:
@@ -234,7 +234,7 @@ def convert_clips(
     """Convert motion clips onto an articulation, one ``.npz`` per clip, resumably.
 
     Args:
-        clips: motion files any :func:`kangengine.io.load_motion` reader handles (BVH, FBX, AMASS npz,
+        clips: motion files any :func:`kangengine.pipelines.load_motion` reader handles (BVH, FBX, AMASS npz,
             poselib npy, SkeletonMotion npz).
         model: the articulation file (MJCF or URDF) the configuration retargets onto.
         options: :class:`ConvertOptions` (the retarget configuration and mapping options).
@@ -247,7 +247,7 @@ def convert_clips(
         FormatError: the model cannot be loaded or the configuration does not exist (nothing could be
             converted), or two clips are the same file.
     """
-    from ..animation.retarget import load_retarget_config
+    from ..retarget import load_retarget_config
 
     load_retarget_config(options.config)  # fail early on an unknown configuration
     model = os.fspath(Path(model).resolve())

@@ -1,4 +1,4 @@
-"""The one Y-up <-> Z-up conversion of KangEngine.
+"""Axis conventions: the one Y-up <-> Z-up conversion of KangEngine.
 
 BVH and FBX characters are usually written **Y up** with the character facing **+Z**. KangEngine is
 **Z up, X forward**. Every loader and writer uses the fixed proper rotation ``zup_from_yup`` defined here:
@@ -19,14 +19,15 @@ Two kinds of conversion are offered:
 
 To change only the world frame of a ``world_from_body`` rotation (keeping the body frame), left-multiply
 by :data:`QUAT_WXYZ_ZUP_FROM_YUP`. Functions take numpy arrays or torch tensors with any leading batch
-dimensions and keep type, dtype and device.
+dimensions and keep type, dtype and device. Whole skeleton motions are converted by
+:func:`kangengine.animation.motion_zup_from_yup` / :func:`kangengine.animation.motion_yup_from_zup`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from .errors import ShapeError
 
 __all__ = [
     "MATRIX_ZUP_FROM_YUP",
@@ -37,8 +38,6 @@ __all__ = [
     "vec_yup_from_zup",
     "quat_zup_from_yup",
     "quat_yup_from_zup",
-    "motion_zup_from_yup",
-    "motion_yup_from_zup",
 ]
 
 #: ``[3, 3]`` rotation matrix: ``v_zup = MATRIX_ZUP_FROM_YUP @ v_yup``.
@@ -109,35 +108,3 @@ def quat_zup_from_yup(q):
 def quat_yup_from_zup(q):
     """Inverse of :func:`quat_zup_from_yup`: ``C^-1 q C`` (WXYZ ``(w, x, y, z) -> (w, y, z, x)``)."""
     return _take_last(q, _QUAT_YUP_FROM_ZUP, 4, "quat_yup_from_zup")
-
-
-def _motion_convert(motion, vec, quat):
-    from ..animation import SkeletonMotion, SkeletonTree
-
-    tree = motion.tree
-    new_tree = SkeletonTree(tree.node_names, tree.parent_indices, vec(tree.local_translation))
-    lt = None if motion.local_translation is None else vec(motion.local_translation)
-    return SkeletonMotion(
-        new_tree,
-        vec(motion.root_translation),
-        quat(motion.local_rotation),
-        motion.fps,
-        lt,
-        metadata=dict(motion.metadata),
-        skip_checks=True,
-    )
-
-
-def motion_zup_from_yup(motion):
-    """A :class:`~kangengine.animation.SkeletonMotion` written in Y-up axes, re-expressed in Z-up axes.
-
-    Every translation (tree offsets, root and per-frame local translations) goes through
-    :func:`vec_zup_from_yup` and every local rotation through :func:`quat_zup_from_yup`, so global
-    positions become ``vec_zup_from_yup(global positions)``. Arrays keep their type, dtype and device.
-    """
-    return _motion_convert(motion, vec_zup_from_yup, quat_zup_from_yup)
-
-
-def motion_yup_from_zup(motion):
-    """Inverse of :func:`motion_zup_from_yup`."""
-    return _motion_convert(motion, vec_yup_from_zup, quat_yup_from_zup)
