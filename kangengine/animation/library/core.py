@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import rotations as R
-from .._files import atomic_write
-from ..errors import (
+from ... import rotations as R
+from ..._files import atomic_write
+from ...errors import (
     FileMissingError,
     FormatError,
     KangEngineError,
@@ -62,7 +62,7 @@ from ..errors import (
     UnknownMotionError,
     UnknownNameError,
 )
-from .skeleton import SkeletonMotion, SkeletonTree
+from ..skeleton import SkeletonMotion, SkeletonTree
 
 __all__ = [
     "MotionLibrary",
@@ -570,7 +570,7 @@ class MotionLibrary:
         self._append(clips, w)
 
     def _canonical(self, m, motion_id: int, name: str | None) -> _Clip:
-        from .motion import ArticulationMotion
+        from ..motion import ArticulationMotion
 
         if isinstance(m, ArticulationMotion):
             sm = self._from_articulation(m, motion_id)
@@ -595,7 +595,7 @@ class MotionLibrary:
         return _Clip(name=name, motion=sm.numpy(), source=m, metadata=meta)
 
     def _from_articulation(self, m, motion_id: int) -> SkeletonMotion:
-        from ..asset.desc import JointType
+        from ...asset.desc import JointType
 
         if self.layout is None:
             raise LayoutMismatch(
@@ -612,7 +612,7 @@ class MotionLibrary:
             )
         m.check_layout(self.layout, what=f"motion {motion_id}")
         if self._mapper is None:
-            from .mapper import ArticulationMotionMapper
+            from ..mapper import ArticulationMotionMapper
 
             self._mapper = ArticulationMotionMapper(self.layout)
         return self._mapper.to_skeleton_motion(m)
