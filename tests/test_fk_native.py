@@ -11,8 +11,9 @@ import torch
 from conftest import MJCF_COMPILABLE, data_file
 from test_layout import _assert_same_rotations, _has_free, _mujoco_fk, _random_q
 
-from kangengine.animation import ArticulationCoordinateLayout, SkeletonTree, _native, forward_kinematics
+from kangengine.animation import ArticulationCoordinateLayout, SkeletonTree, forward_kinematics
 from kangengine.animation import kinematics as K
+from kangengine.animation.kinematics import native as _native
 from kangengine.asset import MJCFLoader
 from kangengine.errors import UnknownNameError
 

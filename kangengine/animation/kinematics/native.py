@@ -1,8 +1,8 @@
-"""Native (LLVM) execution of the traced forward-kinematics programs of :mod:`.kinematics`.
+"""Native (LLVM) execution of the traced forward-kinematics programs of :mod:`.trace`.
 
 This is an execution strategy, not a second implementation: the input is the straight-line program the
-component algebra of :mod:`.kinematics` recorded once per tree (the same ops the numpy/torch replay
-runs), and the output is a machine-code function for this CPU that evaluates it on blocks of ``W``
+component algebra of :mod:`.trace` recorded once per tree (the same ops the numpy/torch replay of
+:mod:`.replay` runs), and the output is a machine-code function for this CPU that evaluates it on blocks of ``W``
 frames held in SIMD registers (``<W x float>`` vectors), built with llvmlite (LLVM's own optimiser and
 code generator, the backend numba uses) in well under a second. Per block it
 
@@ -11,8 +11,8 @@ code generator, the backend numba uses) in well under a second. Per block it
 3. writes the results back frame-major (``[frames, ...]`` like the numpy path).
 
 Nothing crosses into Python between blocks and the call releases the GIL (ctypes), so chunks run in
-parallel on the module's thread pool. Results equal the numpy replay to rounding (the products may be
-fused into FMAs); the tests compare both to MuJoCo.
+parallel on the replay's thread pool (:func:`run_kernel`). Results equal the numpy replay to rounding (the
+products may be fused into FMAs); the tests compare both to MuJoCo.
 
 **sin/cos.** ``sin`` and ``cos`` of an argument ``x`` are computed together: ``k = rint(x * 2/pi)``,
 ``r = x - k pi/2`` with pi/2 split into three parts (the first two with enough trailing zero bits that
@@ -29,13 +29,16 @@ import ctypes
 import math
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["NativeKernel", "available", "compile_program"]
+from .replay import is_torch, run_chunks
+from .trace import Trace
+
+__all__ = ["NativeKernel", "available", "compile_program", "compile_trace", "kernel_ir", "run_kernel"]
 
 # Frames per SIMD block: one 512-bit register (two 256-bit ones) per value.
 _WIDTH = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
@@ -232,7 +235,8 @@ def _groups(cols, last: int, W: int) -> tuple[list[int], list[int]]:
     return starts, rest
 
 
-def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
+# C901 exempt: an IR emitter, one branch per op kind and block shape.
+def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:  # noqa: C901
     """LLVM IR of a program.
 
     A block of ``W`` frames is moved between the frame-major arrays and the frame-innermost vectors by
@@ -439,3 +443,50 @@ def compile_program(ops, outputs, n_in: int, n_out: int, dtype) -> NativeKernel:
         engine.finalize_object()
         address = engine.get_function_address("kernel")
     return NativeKernel(engine, address, n_in, n_out, np.dtype(dtype))
+
+
+def compile_trace(trace: Trace, inputs: Sequence[str], dtype) -> NativeKernel:
+    """Compile ``trace`` for this CPU, its input arrays in the order ``inputs`` (names from the trace's
+    ``load`` ops) and its output arrays in the order they first appear in ``trace.outputs``."""
+    columns = trace.output_columns
+    out_names = list(dict.fromkeys(o for o, _, _ in columns))
+    idx = {a: i for i, a in enumerate(inputs)}
+    ops = [(d, op, idx[a], b) if op == "load" else (d, op, a, b) for d, op, a, b in trace.ops]
+    outs = [(out_names.index(o), c, v) for o, c, v in columns]
+    return compile_program(ops, outs, len(inputs), len(out_names), dtype)
+
+
+def _frame_rows(x):
+    """``(array, address, frame_stride)`` of ``x [frames, ...]`` as rows with contiguous columns (a copy
+    only when the columns are not contiguous); the stride is in elements, 0 for a broadcast row."""
+    if is_torch(x):
+        a = x.reshape(x.shape[0], -1)
+        if a.shape[1] > 1 and a.stride(1) != 1 or a.stride(0) < 0:
+            a = a.contiguous()
+        return a, a.data_ptr(), a.stride(0) if a.shape[0] > 1 else 0
+    a = x.reshape(x.shape[0], -1)
+    isz = a.itemsize
+    if a.shape[1] > 1 and a.strides[1] != isz or a.strides[0] < 0 or a.strides[0] % isz:
+        a = np.ascontiguousarray(a)
+    return a, a.__array_interface__["data"][0], a.strides[0] // isz if a.shape[0] > 1 else 0
+
+
+def run_kernel(
+    kern: NativeKernel, inputs: list, outputs: list, n: int, fallback: Callable[[int, int], None], *, chunk: int
+) -> None:
+    """Run ``kern`` over frames ``[0, n)`` of numpy arrays / CPU torch tensors ``inputs`` and ``outputs``
+    (``[frames, ...]`` each) in chunks of ``chunk`` frames on the thread pool (the calls release the GIL);
+    a chunk with sin/cos arguments outside the exact range is recomputed by ``fallback(s, e)``."""
+    isz = kern.dtype.itemsize
+    ins = [_frame_rows(x) for x in inputs]
+    outs = [_frame_rows(x) for x in outputs]  # fresh contiguous arrays: never copied, written in place
+    in_args = [(ptr, st) for _, ptr, st in ins]
+    out_args = [(ptr, st) for _, ptr, st in outs]
+
+    def run(s: int, e: int) -> None:
+        bad = kern([(p + s * st * isz, st) for p, st in in_args], [(p + s * st * isz, st) for p, st in out_args], e - s)
+        if bad:
+            fallback(s, e)
+
+    run_chunks(n, run, True, chunk)
+    del ins  # keeps any contiguous copies alive until the kernels have run
