@@ -161,7 +161,7 @@ def test_internal_identities():
         v_com = vel.linear[:, b].numpy() + np.cross(w, np.einsum("nij,j->ni", rm, body.com))
         iw = np.einsum("nij,jk,nlk,nl->ni", rm, body.inertia, rm, w)
         ke_links += 0.5 * body.mass * (v_com**2).sum(-1) + 0.5 * (w * iw).sum(-1)
-    ke_links += 0.5 * (model.armature.numpy() * qd**2).sum(-1)
+    ke_links += 0.5 * (model.dof_armature.numpy() * qd**2).sum(-1)
     quad = 0.5 * torch.einsum("ni,nij,nj->n", qdt, mass, qdt).numpy()
     np.testing.assert_allclose(quad, ke_links, rtol=1e-12)
     np.testing.assert_allclose(ke.sim.kinetic_energy(model, qt, qdt).numpy(), ke_links, rtol=1e-12)

@@ -247,7 +247,7 @@ def test_pd_drive_settles_to_target(tmp_path):
 def test_effort_limit_clamps_and_reports(tmp_path):
     desc = _hinge_arm(tmp_path)
     model = _model(desc, free_root=False, drive_stiffness=1000.0, drive_damping=10.0, link_gravity={"arm": False})
-    assert float(model.effort_limit[0]) == 3.0  # MJCF gear * ctrlrange
+    assert float(model.dof_effort_limit[0]) == 3.0  # MJCF gear * ctrlrange
     sim = Simulator(model, dt=1 / 60)
     st = State.from_q(model, np.zeros((1, 1)))
     res = sim.step(st, Control(q_target=torch.full((1, 1), 0.4, dtype=torch.float64)))
@@ -262,7 +262,7 @@ def test_limit_held_with_bounded_penetration(tmp_path):
     desc = _hinge_arm(tmp_path)
     k_lim, push = 2000.0, 20.0
     model = _model(desc, free_root=False, limit_stiffness=k_lim, limit_damping=5.0, link_gravity={"arm": False})
-    assert float(model.upper[0]) == 0.5
+    assert float(model.dof_upper[0]) == 0.5
     sim = Simulator(model, dt=1 / 60)
     st = State.from_q(model, np.zeros((1, 1)), np.array([[3.0]]))
     tau = torch.full((1, 1), push, dtype=torch.float64)
@@ -276,7 +276,7 @@ def test_limit_held_with_bounded_penetration(tmp_path):
 
 def test_default_limit_stiffness_is_reference_default(tmp_path):
     model = _model(_hinge_arm(tmp_path), free_root=False)
-    assert float(model.limit_stiffness[0]) == 100.0 and float(model.limit_damping[0]) == 0.0
+    assert float(model.dof_limit_stiffness[0]) == 100.0 and float(model.dof_limit_damping[0]) == 0.0
 
 
 def test_external_force_pinned_dofs_and_gravity(tmp_path):
@@ -464,8 +464,8 @@ def test_pd_on_ball_joint_and_free_root_reaches_target_rotation(tmp_path):
         joint_friction=0.0,
     )
     kp, kd = torch.zeros(model.nv, dtype=torch.float64), torch.zeros(model.nv, dtype=torch.float64)
-    kp[:] = model.drive_stiffness
-    kd[:] = model.drive_damping
+    kp[:] = model.dof_drive_stiffness
+    kd[:] = model.dof_drive_damping
     kp[:6], kd[:6] = 4000.0, 2000.0  # hold the free root too (a "root assistance" drive)
     sim = Simulator(model, dt=1 / 60)
     st = State.neutral(model, 1)

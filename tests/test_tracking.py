@@ -251,7 +251,7 @@ def test_root_assistance_is_off_by_default_and_gains(model, layout):
         r = com - point
         perp = r - (r @ axis)[:, None] * axis
         i_axis = (model.body_mass.double() * (perp * perp).sum(-1)).sum() + (axis @ inertia_w @ axis).sum()
-        expected = (i_axis + model.armature[d].double()) * w * w
+        expected = (i_axis + model.dof_armature[d].double()) * w * w
         assert float(kp[d]) == pytest.approx(float(expected), rel=1e-4), name
 
 

@@ -25,7 +25,15 @@ from .dynamics import apply_inertia
 from .kinematics import Comps, Frames, cross, gather, rotate, rows, scatter_sum
 from .model import Model
 
-__all__ = ["ContactGeometry", "contact_geometry", "contact_force_per_body"]
+__all__ = [
+    "ContactGeometry",
+    "contact_geometry",
+    "contact_force_per_body",
+    "point_velocities",
+    "point_wrenches",
+    "point_stiffness_rows",
+    "apply_point_stiffness",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,9 +54,9 @@ class ContactGeometry:
 def contact_geometry(model: Model, fr: Frames) -> ContactGeometry:
     """Contact points at the configuration of ``fr``."""
     pts = gather(fr.body_pos + fr.body_rot, model.contact_point_body)
-    local = model.contact_point_local_t
+    local = model.step_cache.contact_point_local_t
     cx, cy, cz = (p + r for p, r in zip(pts[:3], rotate(pts[3:], local)))
-    lz = cz - model.contact_radius_c
+    lz = cz - model.step_cache.contact_radius_c
     pos = (cx, cy, lz)
     offset = tuple(p - o for p, o in zip(pos, fr.origin))
     return ContactGeometry(position=pos, offset=offset, depth=model.contact.ground_height - lz)
@@ -64,14 +72,6 @@ def point_velocities(model: Model, twists: Comps | torch.Tensor, offset: Comps) 
     return tuple(v + c for v, c in zip(tw[3:], cross(tw[:3], offset)))
 
 
-def point_forces_to_bodies(model: Model, offset: Comps, force: Comps) -> Comps:
-    """6 x ``[B, W]`` spatial body forces (moment about the reference origin, force) of point forces
-    (3 x ``[C, W]``) applied at ``offset``."""
-    out = offset[0].new_empty(offset[0].shape[0], 6, offset[0].shape[1])
-    point_wrenches(offset, force, out.unbind(1))
-    return scatter_sum(out.unbind(1), model.contact_point_body, model.num_bodies)
-
-
 def point_wrenches(offset: Comps, force: Comps, out: Comps) -> None:
     """Write the spatial forces of point forces (3 x ``[C, W]``) at ``offset`` into ``out`` (6 x ``[C, W]``
     views: moment about the reference origin ``r x f``, then the force; ``force`` may alias ``out[3:]``)."""
@@ -85,18 +85,12 @@ def point_wrenches(offset: Comps, force: Comps, out: Comps) -> None:
             o.copy_(f)
 
 
-def point_stiffness_features(model: Model, offset: Comps, k_tangent: torch.Tensor, k_normal: torch.Tensor) -> Comps:
-    """16 x ``[B, W]`` per-body sums of point stiffnesses ``diag(k_t, k_t, k_n)`` (world axes) at ``offset``:
-    ten numbers of the point "mass" ``k_t`` (spatial-inertia form) then six moments of ``k_n - k_t``
-    (``sum d, d r_x, d r_y, d r_x^2, d r_x r_y, d r_y^2``). Apply with :func:`apply_point_stiffness`."""
-    out = offset[0].new_empty(offset[0].shape[0], 16, offset[0].shape[1])
-    point_stiffness_rows(offset, (-offset[1], -offset[2]), k_tangent, k_normal, out.unbind(1))
-    return scatter_sum(out.unbind(1), model.contact_point_body, model.num_bodies)
-
-
 def point_stiffness_rows(offset: Comps, neg_yz: Comps, k_tangent: torch.Tensor, k_normal: torch.Tensor, out: Comps):
-    """Write the 16 stiffness features of every point (:func:`point_stiffness_features` before the sum
-    over bodies) into ``out`` (16 x ``[C, W]`` views); ``neg_yz``: ``(-r_y, -r_z)``."""
+    """Write the 16 stiffness features of every point stiffness ``diag(k_t, k_t, k_n)`` (world axes, ``[C, W]``
+    each) at ``offset`` (3 x ``[C, W]``) into ``out`` (16 x ``[C, W]`` views): ten numbers of the point "mass"
+    ``k_t`` (spatial-inertia form) then six moments of ``d = k_n - k_t`` (``d, d r_x, d r_y, d r_x^2,
+    d r_x r_y, d r_y^2``); ``neg_yz``: ``(-r_y, -r_z)``. They add up over the points of a body; apply the
+    sums with :func:`apply_point_stiffness`."""
     rx, ry, rz = offset
     nry, nrz = neg_yz
     kt = k_tangent
@@ -117,8 +111,8 @@ def point_stiffness_rows(offset: Comps, neg_yz: Comps, k_tangent: torch.Tensor, 
 
 
 def apply_point_stiffness(feat: Comps, motion: Comps) -> Comps:
-    """Stiffness features (16 components, :func:`point_stiffness_features`) times motion vectors (six):
-    the spatial force ``sum P^T K P s``."""
+    """Stiffness features (16 components, :func:`point_stiffness_rows`, summed over points) times motion
+    vectors (six): the spatial force ``sum P^T K P s``."""
     m0, m1, m2, f0, f1, f2 = apply_inertia(feat[:10], motion)
     t0, tx, ty, txx, txy, tyy = feat[10:]
     a, b, z = motion[0], motion[1], motion[5]

@@ -30,7 +30,15 @@ import torch
 from ..errors import ShapeError
 from .model import Model
 
-__all__ = ["Control", "friction_phi", "friction_phi_derivative", "friction_force", "friction_potential"]
+__all__ = [
+    "Control",
+    "friction_phi",
+    "friction_phi_derivative",
+    "friction_force",
+    "friction_potential",
+    "friction_phi_fast",
+    "friction_phi_derivative_over_x",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,9 +139,12 @@ def friction_phi_derivative(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     return torch.where(x < vf, lo, hi)
 
 
-def _phi_derivative_over_x(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
+def friction_phi_derivative_over_x(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     """``phi'(x) / x``, finite at 0 (``2 / v_f``): the curvature of the quadratic that majorizes
-    ``phi(|v|)`` at the current speed (iteratively reweighted Newton step: never overshoots zero)."""
+    ``phi(|v|)`` at the current speed (iteratively reweighted Newton step: never overshoots zero).
+
+    Arguments as for :func:`friction_phi`; returns the shape of ``x`` broadcast with them.
+    """
     vf = falloff_vel
     lo = (x / (-vf * vf)).add_(2.0 / vf)
     if _is_zero(stribeck_vel):
@@ -143,8 +154,9 @@ def _phi_derivative_over_x(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
     return torch.where(x < vf, lo, hi)
 
 
-def _phi_fast(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
-    """:func:`friction_phi` with fewer operations (same formula)."""
+def friction_phi_fast(x, falloff_vel, ratio=1.0, stribeck_vel=0.0):
+    """:func:`friction_phi` with fewer operations (same formula, same arguments and shapes; equal up to
+    round-off)."""
     if not _is_zero(stribeck_vel):
         return friction_phi(x, falloff_vel, ratio, stribeck_vel)
     vf = falloff_vel
@@ -175,10 +187,3 @@ def friction_force(v, *, coulomb, viscous=0.0, falloff_vel=1e-3, stiction_extra=
     ratio = coulomb / mu0 if mu0 > 0 else 1.0
     dry = mu0 * friction_phi_derivative(v.abs(), falloff_vel, ratio, stribeck_vel) * torch.sign(v)
     return -(viscous * v + dry)
-
-
-def huber(x: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
-    """``int_0^x clamp(s, -limit, limit) ds``: quadratic inside the limit, linear outside."""
-    ax = x.abs()
-    lim = torch.minimum(ax, limit)
-    return lim * (ax - 0.5 * lim)

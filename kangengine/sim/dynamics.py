@@ -21,11 +21,11 @@ import torch
 from .kinematics import (
     Comps,
     Frames,
-    _flat,
     body_twists,
     compute_frames,
     cross,
     dof_path_sums,
+    flat_batch,
     rotate,
     rows,
     subtree_sums_,
@@ -40,24 +40,30 @@ __all__ = [
     "kinetic_energy",
     "potential_energy",
     "momentum",
+    "rnea",
+    "spatial_inertias",
+    "apply_inertia",
+    "composite",
+    "joint_space_lower",
+    "generalized_forces_t",
 ]
 
 
-def cross_motion(a: Comps, b: Comps) -> Comps:
+def _cross_motion(a: Comps, b: Comps) -> Comps:
     """Spatial cross product of motion vectors ``a x b`` (6 components each)."""
     wa, va, wb, vb = a[:3], a[3:], b[:3], b[3:]
     return cross(wa, wb) + tuple(x + y for x, y in zip(cross(wa, vb), cross(va, wb)))
 
 
-def cross_force(v: Comps, f: Comps) -> Comps:
+def _cross_force(v: Comps, f: Comps) -> Comps:
     """Spatial cross product of a motion vector with a force vector ``v x* f`` (6 components each)."""
     w, lin, n, force = v[:3], v[3:], f[:3], f[3:]
     return tuple(x + y for x, y in zip(cross(w, n), cross(lin, force))) + cross(w, force)
 
 
-def body_com(model: Model, fr: Frames) -> Comps:
+def _body_com(model: Model, fr: Frames) -> Comps:
     """3 x ``[B, W]`` m: body centres of mass relative to the reference origin, world axes."""
-    rc = rotate(fr.body_rot, model.body_com_t)
+    rc = rotate(fr.body_rot, model.step_cache.body_com_t)
     return tuple(p - o + c for p, o, c in zip(fr.body_pos, fr.origin, rc))
 
 
@@ -66,7 +72,7 @@ def spatial_inertias(model: Model, fr: Frames) -> Comps:
     ``(m, m c_x, m c_y, m c_z, I_xx, I_yy, I_zz, I_xy, I_xz, I_yz)`` (``c``: centre of mass relative to the
     origin; ``I``: rotational inertia about the origin)."""
     r = fr.body_rot
-    i00, i01, i02, i11, i12, i22 = model.body_inertia_t  # body-frame inertia about the COM, per body
+    i00, i01, i02, i11, i12, i22 = model.step_cache.body_inertia_t  # body-frame inertia about the COM, per body
     # R I: rows of R times the constant symmetric I
     ri = []
     for a in range(3):
@@ -78,8 +84,8 @@ def spatial_inertias(model: Model, fr: Frames) -> Comps:
     def world(a, b):  # (R I R^T)[a, b]
         return ri[a][0] * r[3 * b] + ri[a][1] * r[3 * b + 1] + ri[a][2] * r[3 * b + 2]
 
-    m = model.body_mass_c
-    cx, cy, cz = body_com(model, fr)
+    m = model.step_cache.body_mass_c
+    cx, cy, cz = _body_com(model, fr)
     mx, my, mz = m * cx, m * cy, m * cz
     return (
         m.expand_as(cx),
@@ -120,7 +126,7 @@ def composite(model: Model, c: Comps | torch.Tensor, *, overwrite: bool = False)
     return subtree_sums_(model, x).index_select(0, model.dof_body).unbind(1)
 
 
-def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
+def _joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
     """The composite-rigid-body assembly ``H[i, j] = s_i . (Xc_body(j) s_j)`` for DOF pairs on one branch.
 
     Args:
@@ -136,7 +142,7 @@ def joint_space_product(model: Model, applied: Comps, motion_rows: torch.Tensor)
 
 
 def joint_space_lower(model: Model, applied: Comps, motion_rows: torch.Tensor) -> torch.Tensor:
-    """Like :func:`joint_space_product` but only the lower triangle is right (the upper is partly zero):
+    """Like :func:`_joint_space_product` but only the lower triangle is right (the upper is partly zero):
     enough for a Cholesky factorisation, which reads the lower triangle only. Relies on the parent-first
     DOF order (an ancestor's DOFs come first).
 
@@ -144,7 +150,7 @@ def joint_space_lower(model: Model, applied: Comps, motion_rows: torch.Tensor) -
     factorising it copies without a transpose.
 
     Args:
-        applied: 6 x ``[nv, W]`` as for :func:`joint_space_product`.
+        applied: 6 x ``[nv, W]`` as for :func:`_joint_space_product`.
         motion_rows: ``[W, nv, 6]`` DOF motions.
     Returns:
         ``[W, nv, nv]`` (a ``.mT`` view).
@@ -154,14 +160,10 @@ def joint_space_lower(model: Model, applied: Comps, motion_rows: torch.Tensor) -
     return upper.mT
 
 
-def generalized_forces(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
-    """``[W, nv]``: generalized forces ``sum_b J_b^T f_b`` of spatial body forces (6 x ``[B, W]``: moment
-    about the reference origin, force; world axes)."""
-    return generalized_forces_t(model, motion, body_force).t()
-
-
 def generalized_forces_t(model: Model, motion: Comps, body_force: Comps) -> torch.Tensor:
-    """:func:`generalized_forces` DOF-major: ``[nv, W]``."""
+    """``[nv, W]`` (DOF-major): generalized forces ``sum_b J_b^T f_b`` of spatial body forces ``body_force``
+    (6 x ``[B, W]``: moment about the reference origin, force; world axes); ``motion``: the DOF motions
+    (``Frames.motion``)."""
     sub = composite(model, body_force)
     out = motion[0] * sub[0]
     for s, f in zip(motion[1:], sub[1:]):
@@ -169,21 +171,21 @@ def generalized_forces_t(model: Model, motion: Comps, body_force: Comps) -> torc
     return out
 
 
-def gravity_forces(model: Model, inertia: Comps) -> Comps:
+def _gravity_forces(model: Model, inertia: Comps) -> Comps:
     """6 x ``[B, W]`` spatial gravity force on every body (off where ``body_gravity`` is 0)."""
-    scale = model.body_gravity_c
+    scale = model.step_cache.body_gravity_c
     m = inertia[0] * scale
     h = tuple(x * scale for x in inertia[1:4])
-    g = model.gravity_t
+    g = model.step_cache.gravity_t
     return cross(h, g) + (m * g[0], m * g[1], m * g[2])
 
 
 def _mass_matrix(model: Model, fr: Frames, inertia: Comps) -> torch.Tensor:
-    m = joint_space_product(model, apply_inertia(composite(model, inertia), fr.motion), fr.motion_rows)
-    return m + torch.diag_embed(model.armature.expand(m.shape[0], -1))
+    m = _joint_space_product(model, apply_inertia(composite(model, inertia), fr.motion), fr.motion_rows)
+    return m + torch.diag_embed(model.dof_armature.expand(m.shape[0], -1))
 
 
-def _rnea(
+def rnea(
     model: Model,
     fr: Frames,
     inertia: Comps,
@@ -193,8 +195,16 @@ def _rnea(
     twists_out: list | None = None,
     dof_major: bool = False,
 ) -> torch.Tensor:
-    """Recursive Newton-Euler: ``tau = M qdd + c(q, qd)`` (``qdd = None``: zero). ``qd``, ``qdd`` and the
-    result are ``[W, nv]``, or ``[nv, W]`` with ``dof_major``."""
+    """Recursive Newton-Euler at the configuration of ``fr`` (no shape checks): ``tau = M qdd + c(q, qd)``.
+
+    Args:
+        fr: :func:`~kangengine.sim.kinematics.compute_frames` at ``q``; inertia: :func:`spatial_inertias`.
+        qd, qdd: ``[W, nv]`` (``[nv, W]`` with ``dof_major``); ``qdd = None``: zero.
+        gravity: include gravity in ``c``.
+        twists_out: a list to which the body twists ``[B, 6, W]`` are appended.
+    Returns:
+        ``[W, nv]`` N m / N (``[nv, W]`` with ``dof_major``).
+    """
     s = fr.motion
     qd_t = qd if dof_major else qd.t().contiguous()
     sv_stack = fr.motion_stack * qd_t[:, None, :]  # [nv, 6, W]
@@ -205,20 +215,21 @@ def _rnea(
     if twists_out is not None:
         twists_out.append(vel_stack)
     frame_vel = (model.dof_frame @ sv_stack.view(n, k * w)).view(n, k, w).unbind(1)  # 6 x [nv, W]
-    acc_terms = cross_motion(frame_vel, sv)
+    acc_terms = _cross_motion(frame_vel, sv)
     if qdd is not None:
         qdd_t = qdd if dof_major else qdd.t().contiguous()
         acc_terms = tuple(a.addcmul_(c, qdd_t) for a, c in zip(acc_terms, s))
     acc = dof_path_sums(model, torch.stack(acc_terms, dim=1)).unbind(1)
-    uniform = gravity and model.uniform_gravity
+    uniform = gravity and model.step_cache.uniform_gravity
     if uniform:  # gravity as a base acceleration: I (a - g) = I a - (h x g, m g)
-        acc = acc[:3] + tuple(a - g if g != 0.0 else a for a, g in zip(acc[3:], model.gravity_t))
-    f = tuple(a.add_(b) for a, b in zip(apply_inertia(inertia, acc), cross_force(vel, apply_inertia(inertia, vel))))
+        g_world = model.step_cache.gravity_t
+        acc = acc[:3] + tuple(a - g if g != 0.0 else a for a, g in zip(acc[3:], g_world))
+    f = tuple(a.add_(b) for a, b in zip(apply_inertia(inertia, acc), _cross_force(vel, apply_inertia(inertia, vel))))
     if gravity and not uniform:
-        f = tuple(a - g for a, g in zip(f, gravity_forces(model, inertia)))
+        f = tuple(a - g for a, g in zip(f, _gravity_forces(model, inertia)))
     tau = generalized_forces_t(model, s, f)
     if qdd is not None:
-        tau = tau.addcmul_(model.armature[:, None], qdd_t)
+        tau = tau.addcmul_(model.dof_armature[:, None], qdd_t)
     return tau if dof_major else tau.t()
 
 
@@ -231,7 +242,7 @@ def mass_matrix(model: Model, q: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[..., nv, nv]`` symmetric positive definite, kg m^2 / kg, canonical velocity basis.
     """
-    q2, lead = _flat(model, q, model.nq, "q")
+    q2, lead = flat_batch(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
     m = _mass_matrix(model, fr, spatial_inertias(model, fr))
     return m.reshape(lead + m.shape[1:])
@@ -246,10 +257,10 @@ def bias_forces(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor
     Returns:
         ``[..., nv]`` N m / N.
     """
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
-    c = _rnea(model, fr, spatial_inertias(model, fr), qd2, None)
+    c = rnea(model, fr, spatial_inertias(model, fr), qd2, None)
     return c.reshape(lead + c.shape[1:])
 
 
@@ -263,11 +274,11 @@ def inverse_dynamics(model: Model, q: torch.Tensor, qd: torch.Tensor, qdd: torch
         ``[..., nv]`` N m / N; for a free root the first six entries are the world force at the root
         origin and the world torque about it that the motion needs (the "residual wrench").
     """
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
-    qdd2, _ = _flat(model, qdd, model.nv, "qdd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
+    qdd2, _ = flat_batch(model, qdd, model.nv, "qdd")
     fr = compute_frames(model, q2)
-    tau = _rnea(model, fr, spatial_inertias(model, fr), qd2, qdd2)
+    tau = rnea(model, fr, spatial_inertias(model, fr), qd2, qdd2)
     return tau.reshape(lead + tau.shape[1:])
 
 
@@ -279,13 +290,13 @@ def forward_dynamics(model: Model, q: torch.Tensor, qd: torch.Tensor, tau: torch
     Returns:
         ``[..., nv]``.
     """
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
     inertia = spatial_inertias(model, fr)
-    rhs = -_rnea(model, fr, inertia, qd2, None)
+    rhs = -rnea(model, fr, inertia, qd2, None)
     if tau is not None:
-        rhs = rhs + _flat(model, tau, model.nv, "tau")[0]
+        rhs = rhs + flat_batch(model, tau, model.nv, "tau")[0]
     m = _mass_matrix(model, fr, inertia)
     qdd = torch.cholesky_solve(rhs[..., None], torch.linalg.cholesky(m))[..., 0]
     return qdd.reshape(lead + qdd.shape[1:])
@@ -293,30 +304,31 @@ def forward_dynamics(model: Model, q: torch.Tensor, qd: torch.Tensor, tau: torch
 
 def kinetic_energy(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
     """``[...]`` J: summed link kinetic energy plus joint-inertia energy ``1/2 armature qd^2``."""
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
     vel = body_twists(model, fr.motion, qd2.t().contiguous())
     e = 0.5 * (rows(vel) * rows(apply_inertia(spatial_inertias(model, fr), vel))).sum((-1, -2))
-    e = e + 0.5 * (model.armature * qd2 * qd2).sum(-1)
+    e = e + 0.5 * (model.dof_armature * qd2 * qd2).sum(-1)
     return e.reshape(lead)
 
 
 def potential_energy(model: Model, q: torch.Tensor) -> torch.Tensor:
     """``[...]`` J: gravitational potential energy ``-sum_b m_b g . c_b`` (world origin at zero)."""
-    q2, lead = _flat(model, q, model.nq, "q")
+    q2, lead = flat_batch(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
-    c = tuple(x + o for x, o in zip(body_com(model, fr), fr.origin))
-    mg = model.body_mass_c * model.body_gravity_c
-    e = -(mg * (c[0] * model.gravity_t[0] + c[1] * model.gravity_t[1] + c[2] * model.gravity_t[2])).sum(0)
+    c = tuple(x + o for x, o in zip(_body_com(model, fr), fr.origin))
+    sc = model.step_cache
+    mg = sc.body_mass_c * sc.body_gravity_c
+    e = -(mg * (c[0] * sc.gravity_t[0] + c[1] * sc.gravity_t[1] + c[2] * sc.gravity_t[2])).sum(0)
     return e.reshape(lead)
 
 
 def momentum(model: Model, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
     """``[..., 6]``: total (angular momentum about the world origin, linear momentum), world axes,
     kg m^2/s and kg m/s (joint inertia not included: it models rotors, not link motion)."""
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
     vel = body_twists(model, fr.motion, qd2.t().contiguous())
     h = rows(apply_inertia(spatial_inertias(model, fr), vel)).sum(1)  # about the reference origin

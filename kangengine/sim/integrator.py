@@ -33,8 +33,8 @@ import torch
 
 from ..asset.desc import JointType
 from .contact import apply_point_stiffness, contact_geometry, point_stiffness_rows, point_velocities, point_wrenches
-from .control import Control, _phi_derivative_over_x, _phi_fast
-from .dynamics import _rnea, apply_inertia, composite, generalized_forces_t, joint_space_lower, spatial_inertias
+from .control import Control, friction_phi_derivative_over_x, friction_phi_fast
+from .dynamics import apply_inertia, composite, generalized_forces_t, joint_space_lower, rnea, spatial_inertias
 from .kinematics import compute_frames, dof_path_sums, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
@@ -157,40 +157,40 @@ class Simulator:
         self._c_mu0h = h * self._c_mu0
         self._kn_const = h * (h * c.stiffness + c.damping)  # normal curvature of an active (or near) point
         # -- joint terms (quantities are [nv, W]) --
-        mu0 = m.friction_coulomb + m.friction_stiction
+        mu0 = m.dof_friction_coulomb + m.dof_friction_stiction
         self._j_has_dry = bool((mu0 > 0).any())
         self._j_mu0h = col(h * mu0)
-        ratio = torch.where(mu0 > 0, m.friction_coulomb / torch.clamp(mu0, min=1e-30), torch.ones_like(mu0))
+        ratio = torch.where(mu0 > 0, m.dof_friction_coulomb / torch.clamp(mu0, min=1e-30), torch.ones_like(mu0))
         self._j_ratio = col(ratio)
-        self._j_falloff = col(m.friction_falloff)
-        self._j_stribeck = col(m.friction_stribeck) if bool((m.friction_stribeck > 0).any()) else 0.0
-        self._has_limits = bool((m.limit_stiffness > 0).any() or (m.limit_damping > 0).any())
-        self._has_springs = bool((m.spring_stiffness > 0).any())
-        self._has_damping = bool((m.damping > 0).any())
-        self._has_effort = bool(torch.isfinite(m.effort_limit).any())
-        self._effort = col(m.effort_limit)
+        self._j_falloff = col(m.dof_friction_falloff)
+        self._j_stribeck = col(m.dof_friction_stribeck) if bool((m.dof_friction_stribeck > 0).any()) else 0.0
+        self._has_limits = bool((m.dof_limit_stiffness > 0).any() or (m.dof_limit_damping > 0).any())
+        self._has_springs = bool((m.dof_spring_stiffness > 0).any())
+        self._has_damping = bool((m.dof_damping > 0).any())
+        self._has_effort = bool(torch.isfinite(m.dof_effort_limit).any())
+        self._effort = col(m.dof_effort_limit)
         # whether the drive's implicit damping b (h kp + kd with a position target, else kd) is positive on
         # every DOF for the model's own gains (else the energy needs the constant-force branch)
         self._drive_b_positive = {
-            True: bool((h * m.drive_stiffness + m.drive_damping > 0).all()),
-            False: bool((m.drive_damping > 0).all()),
+            True: bool((h * m.dof_drive_stiffness + m.dof_drive_damping > 0).all()),
+            False: bool((m.dof_drive_damping > 0).all()),
         }
         # exact constant curvature of the quadratic joint terms (viscous damping, passive springs)
-        self._diag_const = col(h * m.damping + h * h * m.spring_stiffness)
-        self._spring_h = col(h * m.spring_stiffness)
-        self._spring_ref = col(m.spring_ref)
-        self._lower, self._upper = col(m.lower), col(m.upper)
-        self._klim_h = col(h * m.limit_stiffness)
-        self._dlim_h = col(h * m.limit_damping)
-        self._lim_curv = col(h * h * m.limit_stiffness + h * m.limit_damping)
-        self._armature = col(m.armature)
-        self._e_damp = col(0.5 * h * m.damping)  # energies (line search)
-        self._e_spring = col(0.5 * m.spring_stiffness)
-        self._e_klim = col(0.5 * m.limit_stiffness)
-        self._e_dlim = col(0.5 * h * m.limit_damping)
-        self._scalar = col(m.scalar_dof.to(m.dtype))
+        self._diag_const = col(h * m.dof_damping + h * h * m.dof_spring_stiffness)
+        self._spring_h = col(h * m.dof_spring_stiffness)
+        self._spring_ref = col(m.dof_spring_ref)
+        self._lower, self._upper = col(m.dof_lower), col(m.dof_upper)
+        self._klim_h = col(h * m.dof_limit_stiffness)
+        self._dlim_h = col(h * m.dof_limit_damping)
+        self._lim_curv = col(h * h * m.dof_limit_stiffness + h * m.dof_limit_damping)
+        self._armature = col(m.dof_armature)
+        self._e_damp = col(0.5 * h * m.dof_damping)  # energies (line search)
+        self._e_spring = col(0.5 * m.dof_spring_stiffness)
+        self._e_klim = col(0.5 * m.dof_limit_stiffness)
+        self._e_dlim = col(0.5 * h * m.dof_limit_damping)
+        self._scalar = col(m.dof_is_scalar.to(m.dtype))
         if m.has_ball_friction:
-            g = m.friction_group
+            g = m.dof_friction_group
             self._group = (g[:, None] == g[None, :]).to(m.dtype)  # [nv, nv] same friction group (symmetric)
             self._group_size = col(self._group.sum(-1))
         else:
@@ -256,11 +256,11 @@ class Simulator:
         inertia = spatial_inertias(m, fr)
         qd_t = qd.t().contiguous()
         twists = []
-        force = _rnea(m, fr, inertia, qd_t, None, twists_out=twists, dof_major=True).neg_()  # -c(q, qd)
+        force = rnea(m, fr, inertia, qd_t, None, twists_out=twists, dof_major=True).neg_()  # -c(q, qd)
         if control.tau_external is not None:
             force = force.add_(control.tau_external.t())
         drive = self._drive(control, q, w)
-        qs = q.t().index_select(0, m.scalar_q).mul_(self._scalar)  # scalar joint values (0 elsewhere)
+        qs = q.t().index_select(0, m.dof_q_index).mul_(self._scalar)  # scalar joint values (0 elsewhere)
         spring0 = (qs - self._spring_ref).mul_(self._spring_h) if self._has_springs else None
         coupling_q = self._coupling @ qs if self._has_couplings else None  # coupling values at q
         pinned = control.pinned
@@ -400,7 +400,11 @@ class Simulator:
             act = (depth > 0).to(m.dtype)
             lam = torch.clamp(cp.stiffness * depth - cp.damping * uz, min=0.0) * act
             slip = torch.sqrt(ux * ux + uy * uy)
-            fw = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck) * self._c_mu0 * lam
+            fw = (
+                friction_phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck)
+                * self._c_mu0
+                * lam
+            )
             normal, cdepth = lam.t(), depth.t()
             friction = torch.stack([-fw * ux, -fw * uy], -1).transpose(0, 1)
             cpos = rows(geo.position)
@@ -480,8 +484,8 @@ class Simulator:
 
     def _drive(self, control: Control, q: torch.Tensor, w: int) -> _Drive:
         m, h = self.model, self.dt
-        kp = m.drive_stiffness if control.drive_stiffness is None else control.drive_stiffness
-        kd = m.drive_damping if control.drive_damping is None else control.drive_damping
+        kp = m.dof_drive_stiffness if control.drive_stiffness is None else control.drive_stiffness
+        kd = m.dof_drive_damping if control.drive_damping is None else control.drive_damping
         if control.q_target is not None:
             a = kp * m.layout.difference(control.q_target, q)
             b = h * kp + kd
@@ -522,7 +526,7 @@ class Simulator:
         hd = self._diag_const
         lim_active = None
         if self._j_has_dry:
-            wgt = _phi_derivative_over_x(self._joint_speed(v), self._j_falloff, self._j_ratio, self._j_stribeck)
+            wgt = friction_phi_derivative_over_x(self._joint_speed(v), self._j_falloff, self._j_ratio, self._j_stribeck)
             wgt = wgt.mul_(self._j_mu0h)
             grad = grad.addcmul_(wgt, v)
             hd = hd + wgt
@@ -558,7 +562,7 @@ class Simulator:
     def _contact_terms(self, u, depth0, depth_reach, offset, neg_offset, pending, out):
         """Contact point forces at the current iterate (times ``h``, less the pending ``alpha K du`` of
         earlier iterations) and the point-stiffness features of the Newton model, written into ``out
-        [C, 22, W]`` (16 features, see :func:`~kangengine.sim.contact.point_stiffness_features`, then the
+        [C, 22, W]`` (16 features, see :func:`~kangengine.sim.contact.point_stiffness_rows`, then the
         spatial force: moment about the reference origin, force). Returns the lagged quantities the line
         search keeps fixed, the curvatures and the contact energy at ``u``:
         ``(act, h mu lambda, k_tangent, k_normal, energy [C, W])``."""
@@ -573,11 +577,11 @@ class Simulator:
         fz = torch.mul(pen, cp.stiffness).sub_(damp, alpha=cp.damping)
         mlh = torch.clamp(fz, min=0.0).mul_(self._c_mu0h)  # h mu lambda
         slip = torch.sqrt(torch.addcmul(ux * ux, uy, uy))
-        kt = _phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck).mul_(mlh)
+        kt = friction_phi_derivative_over_x(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck).mul_(mlh)
         # curvature: the penalty also for points that could reach the ground in this step (a majorizer)
         kn = (torch.add(depth_reach, uz.abs(), alpha=h) > 0).to(m.dtype).mul_(self._kn_const)
         energy = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(damp, uz, value=0.5 * h * cp.damping)
-        energy = energy.addcmul_(mlh, _phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
+        energy = energy.addcmul_(mlh, friction_phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
         o = out.unbind(1)
         point_stiffness_rows(offset, neg_offset, kt, kn, o[:16])
         # spatial force of h f (friction -h fw u_t = -kt u_t, normal h fz) less the pending K du
@@ -621,7 +625,7 @@ class Simulator:
             pen = torch.add(depth0, uz, alpha=-h).clamp_(min=0.0)
             e1 = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(act * uz, uz, value=0.5 * h * cp.damping)
             slip = torch.sqrt(torch.addcmul(ux * ux, uy, uy))
-            e1 = e1.addcmul_(mlh, _phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
+            e1 = e1.addcmul_(mlh, friction_phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
             de = de + e1.sub_(e0).sum(0)
         slope = (grad * dv).sum(0)  # < 0: dv is a descent direction (H is positive definite)
         curv = de - slope
@@ -638,7 +642,9 @@ class Simulator:
             r = torch.add(qs - self._spring_ref, vv, alpha=h)
             e = e.addcmul_(self._e_spring, r * r)
         if self._j_has_dry:
-            ej = self._j_mu0h * _phi_fast(self._joint_speed(vv), self._j_falloff, self._j_ratio, self._j_stribeck)
+            ej = self._j_mu0h * friction_phi_fast(
+                self._joint_speed(vv), self._j_falloff, self._j_ratio, self._j_stribeck
+            )
             e = e + (ej / self._group_size if self._group is not None else ej)
         if self._has_limits:
             qn = torch.add(qs, vv, alpha=h)

@@ -25,7 +25,24 @@ import torch
 from ..errors import ShapeError
 from .model import Model
 
-__all__ = ["LinkVelocities", "link_jacobians", "link_velocities", "link_transforms"]
+__all__ = [
+    "LinkVelocities",
+    "link_jacobians",
+    "link_velocities",
+    "link_transforms",
+    "Comps",
+    "Frames",
+    "compute_frames",
+    "body_twists",
+    "flat_batch",
+    "cross",
+    "rotate",
+    "rows",
+    "gather",
+    "scatter_sum",
+    "subtree_sums_",
+    "dof_path_sums",
+]
 
 Comps = tuple  # tuple of [n, W] tensors
 
@@ -80,7 +97,7 @@ def cross(a: Comps, b: Comps) -> Comps:
     return (ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx)
 
 
-def soa(x: torch.Tensor) -> Comps:
+def _soa(x: torch.Tensor) -> Comps:
     """``[W, n, k]`` -> k x ``[n, W]`` contiguous."""
     return x.permute(2, 1, 0).contiguous().unbind(0)
 
@@ -90,7 +107,7 @@ def rows(c: Comps) -> torch.Tensor:
     return torch.stack(c, dim=-1).transpose(0, 1)
 
 
-def tree_product(c: Comps, mat: torch.Tensor) -> Comps:
+def _tree_product(c: Comps, mat: torch.Tensor) -> Comps:
     """``sum_j mat[i, j] x[j]`` for every component: k x ``[n, W]`` and ``mat [m, n]`` -> k x ``[m, W]``
     (one matrix product ``[m, n] @ [n, k W]``)."""
     x = torch.stack(c, dim=1)
@@ -101,15 +118,15 @@ def tree_product(c: Comps, mat: torch.Tensor) -> Comps:
 def subtree_sums_(model: Model, x: torch.Tensor) -> torch.Tensor:
     """In place, ``x [B, k, W]``: every body's row becomes the sum over its subtree (leaves first, one
     indexed add per tree level). Returns ``x``."""
-    for child, parent in reversed(model.body_levels):
+    for child, parent in reversed(model.step_cache.body_levels):
         x.index_add_(0, parent, x.index_select(0, child))
     return x
 
 
-def path_sums_(model: Model, x: torch.Tensor) -> torch.Tensor:
+def _path_sums_(model: Model, x: torch.Tensor) -> torch.Tensor:
     """In place, ``x [B, k, W]``: every body's row becomes the sum over the path from the root to it
     (root first, one indexed add per tree level). Returns ``x``."""
-    for child, parent in model.body_levels:
+    for child, parent in model.step_cache.body_levels:
         x.index_add_(0, child, x.index_select(0, parent))
     return x
 
@@ -118,7 +135,7 @@ def dof_path_sums(model: Model, x: torch.Tensor) -> torch.Tensor:
     """``[B, k, W]``: for every body, the sum of per-DOF rows ``x [nv, k, W]`` over the DOFs that move it
     (``dof_moves_body @ x``)."""
     out = x.new_zeros(model.num_bodies, x.shape[1], x.shape[2])
-    return path_sums_(model, out.index_add_(0, model.dof_body, x))
+    return _path_sums_(model, out.index_add_(0, model.dof_body, x))
 
 
 def gather(c: Comps, index: torch.Tensor) -> Comps:
@@ -133,7 +150,9 @@ def scatter_sum(c: Comps, index: torch.Tensor, size: int) -> Comps:
     return out.index_add_(0, index, x).unbind(1)
 
 
-def _flat(model: Model, x, n: int, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+def flat_batch(model: Model, x, n: int, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x [..., n]`` as ``[N, n]`` and its leading shape; :class:`ShapeError` naming ``name`` unless ``x`` is
+    a tensor with last dimension ``n`` in the model's dtype and on its device."""
     if not isinstance(x, torch.Tensor):
         raise ShapeError(
             f"expected a torch tensor [..., {n}], got {type(x).__name__}", path=model.layout.source, item=name
@@ -171,14 +190,14 @@ def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     """Forward kinematics plus the spatial motion of every DOF at ``q [W, nq]`` (no shape checks)."""
     jf = model.layout.kinematics.joint_frames(q)
     body_quat = jf.body_rotations_wxyz
-    bp = soa(jf.body_positions)
+    bp = _soa(jf.body_positions)
     origin = tuple(c[:1] for c in bp)
-    rot = _quat_matrix(*soa(body_quat))
-    axes = soa(jf.dof_axes)
-    anchor = gather(soa(jf.joint_positions), model.dof_step)
+    rot = _quat_matrix(*_soa(body_quat))
+    axes = _soa(jf.dof_axes)
+    anchor = gather(_soa(jf.joint_positions), model.dof_step)
     ja = tuple(a - o for a, o in zip(anchor, origin))
-    ang = tuple(c * model.dof_is_angular_c for c in axes)
-    lin = tuple(c * model.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
+    ang = tuple(c * model.step_cache.dof_is_angular_c for c in axes)
+    lin = tuple(c * model.step_cache.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
     motion_stack = torch.stack(ang + lin, dim=1)  # [nv, 6, W]
     return Frames(
         origin=origin,
@@ -196,7 +215,7 @@ def body_twists(model: Model, motion: Comps | torch.Tensor, qd_t: torch.Tensor) 
     ``[nv, W]`` or stacked ``[nv, 6, W]`` (``Frames.motion_stack``, one product fewer)."""
     if isinstance(motion, torch.Tensor):
         return dof_path_sums(model, motion * qd_t[:, None, :]).unbind(1)
-    return tree_product(tuple(s * qd_t for s in motion), model.dof_moves_body)
+    return _tree_product(tuple(s * qd_t for s in motion), model.dof_moves_body)
 
 
 def link_transforms(model: Model, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +226,7 @@ def link_transforms(model: Model, q: torch.Tensor) -> tuple[torch.Tensor, torch.
     Returns:
         ``(positions [..., B, 3] m, rotations_wxyz [..., B, 4])``.
     """
-    q2, lead = _flat(model, q, model.nq, "q")
+    q2, lead = flat_batch(model, q, model.nq, "q")
     p, r = model.layout.kinematics.from_coordinates(q2)
     return p.reshape(lead + p.shape[1:]), r.reshape(lead + r.shape[1:])
 
@@ -224,7 +243,7 @@ def link_jacobians(model: Model, q: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[..., B, 6, nv]``.
     """
-    q2, lead = _flat(model, q, model.nq, "q")
+    q2, lead = flat_batch(model, q, model.nq, "q")
     fr = compute_frames(model, q2)
     s = fr.motion_rows  # [W, nv, 6]
     ang, lin = s[..., :3], s[..., 3:]
@@ -244,8 +263,8 @@ def link_velocities(model: Model, q: torch.Tensor, qd: torch.Tensor) -> LinkVelo
         :class:`LinkVelocities` with ``linear [..., B, 3]`` (velocity of each link origin, world) and
         ``angular [..., B, 3]`` (world).
     """
-    q2, lead = _flat(model, q, model.nq, "q")
-    qd2, _ = _flat(model, qd, model.nv, "qd")
+    q2, lead = flat_batch(model, q, model.nq, "q")
+    qd2, _ = flat_batch(model, qd, model.nv, "qd")
     fr = compute_frames(model, q2)
     tw = body_twists(model, fr.motion, qd2.t().contiguous())
     ang = tw[:3]

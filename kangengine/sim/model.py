@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
 from ..errors import LayoutMismatch, ShapeError, UnknownNameError
 
-__all__ = ["JointFriction", "ContactParams", "Model", "State"]
+__all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State"]
 
 _INF = math.inf
 
@@ -94,27 +95,25 @@ class Model:
 
     Bodies:
         body_mass ``[B]`` kg; body_com ``[B, 3]`` m (body frame); body_inertia ``[B, 3, 3]`` kg m^2 about
-        the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off
-        (uniform_gravity: on for every body);
-        gravity ``[3]`` m/s^2 (world); gravity_t, body_com_t, body_inertia_t: the same as per-component
-        tuples (floats; ``[B, 1]`` columns; xx, xy, xz, yy, yz, zz) for the component-wise maths, and
-        ``*_c`` fields: ``[n, 1]`` column copies of per-entity constants.
-    DOFs:
-        dof_body ``[nv]`` body each DOF moves; dof_step ``[nv]`` its joint step; dof_angular_axis and
-        dof_linear_axis ``[nv, 3]``: the DOF's unit motion in its joint frame (hinge: angular = axis;
-        slide: linear = axis; ball: angular = e_k; free: linear e_k then angular e_k, in world axes).
-        armature ``[nv]`` (joint inertia, kg m^2 or kg), damping ``[nv]`` (viscous, N m s/rad),
-        friction_coulomb / friction_stiction / friction_falloff / friction_stribeck ``[nv]``,
-        lower / upper ``[nv]`` limits (+-inf where none), limit_stiffness / limit_damping ``[nv]``,
-        spring_stiffness / spring_ref ``[nv]`` (passive joint springs, hinge/slide), drive_stiffness /
-        drive_damping ``[nv]`` (PD gains), effort_limit ``[nv]`` (+inf where none).
+        the COM in body axes; body_gravity ``[B]`` 1.0 where gravity acts, 0.0 where switched off;
+        gravity ``[3]`` m/s^2 (world).
+    DOFs (every per-DOF tensor is ``[nv]`` and named ``dof_*``):
+        dof_body: body each DOF moves; dof_step: its joint step; dof_angular_axis and dof_linear_axis
+        ``[nv, 3]``: the DOF's unit motion in its joint frame (hinge: angular = axis; slide: linear = axis;
+        ball: angular = e_k; free: linear e_k then angular e_k, in world axes); dof_is_scalar (bool):
+        hinge/slide DOFs; dof_q_index: the ``q`` index of a hinge/slide DOF's coordinate (0 elsewhere).
+        dof_armature (joint inertia, kg m^2 or kg), dof_damping (viscous, N m s/rad or N s/m),
+        dof_friction_coulomb / dof_friction_stiction (N m or N) / dof_friction_falloff /
+        dof_friction_stribeck (rad/s or m/s), dof_friction_group (the first DOF of a ball joint for its
+        three DOFs, else the DOF itself: dry friction acts on the norm over a group), dof_lower / dof_upper
+        limits (+-inf where none), dof_limit_stiffness / dof_limit_damping, dof_spring_stiffness /
+        dof_spring_ref (passive joint springs, hinge/slide), dof_drive_stiffness / dof_drive_damping (PD
+        gains), dof_effort_limit (+inf where none).
     Tree masks (0/1 in the float dtype):
         dof_moves_body ``[B, nv]``; subtree ``[B, B]`` (``subtree[b, k]``: k lies in b's subtree);
         dof_above ``[nv, nv]`` (``body(i)`` is ``body(j)`` or an ancestor); dof_above_strict (a proper
-        ancestor); dof_coupled ``[nv, nv]`` (one of the two);
-        dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in. moves_t,
-        subtree_t, frame_t: transposes (contiguous) used by the tree products. body_levels: per tree depth 1, 2, ...
-        the ``(bodies, their parents)`` index tensors, for sums along the tree level by level.
+        ancestor); dof_below (the transpose of dof_above); dof_coupled ``[nv, nv]`` (one of the two);
+        dof_frame ``[nv, nv]``: DOFs whose motion moves the frame DOF i is expressed in.
     Contacts (``C`` points, flat, ordered by body):
         contact_point_body ``[C]`` body of each contact point; contact_point_local ``[C, 3]`` m (centre
         of the point's sphere, body frame); contact_radius ``[C]`` m; contact_friction ``[C]`` Coulomb
@@ -129,6 +128,10 @@ class Model:
         collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
         links welded by fixed joints or joined through a link without geometry, and the file's
         exclusions).
+    Derived:
+        has_ball_friction: some ball joint has dry friction; step_cache: :class:`StepCache`, the layouts
+        of these tensors that the step's maths reads, rebuilt with every new model (also by
+        :func:`dataclasses.replace`).
     """
 
     layout: ArticulationCoordinateLayout
@@ -141,36 +144,28 @@ class Model:
     body_inertia: torch.Tensor
     body_gravity: torch.Tensor
     gravity: torch.Tensor
-    gravity_t: tuple
-    body_com_t: tuple
-    body_inertia_t: tuple
     dof_body: torch.Tensor
     dof_step: torch.Tensor
     dof_angular_axis: torch.Tensor
     dof_linear_axis: torch.Tensor
-    dof_is_angular: torch.Tensor
-    dof_is_linear: torch.Tensor
-    dof_is_angular_c: torch.Tensor
-    dof_is_linear_c: torch.Tensor
-    body_mass_c: torch.Tensor
-    body_gravity_c: torch.Tensor
-    contact_radius_c: torch.Tensor
-    armature: torch.Tensor
-    damping: torch.Tensor
-    friction_coulomb: torch.Tensor
-    friction_stiction: torch.Tensor
-    friction_falloff: torch.Tensor
-    friction_stribeck: torch.Tensor
-    friction_group: torch.Tensor
-    lower: torch.Tensor
-    upper: torch.Tensor
-    limit_stiffness: torch.Tensor
-    limit_damping: torch.Tensor
-    spring_stiffness: torch.Tensor
-    spring_ref: torch.Tensor
-    drive_stiffness: torch.Tensor
-    drive_damping: torch.Tensor
-    effort_limit: torch.Tensor
+    dof_is_scalar: torch.Tensor
+    dof_q_index: torch.Tensor
+    dof_armature: torch.Tensor
+    dof_damping: torch.Tensor
+    dof_friction_coulomb: torch.Tensor
+    dof_friction_stiction: torch.Tensor
+    dof_friction_falloff: torch.Tensor
+    dof_friction_stribeck: torch.Tensor
+    dof_friction_group: torch.Tensor
+    dof_lower: torch.Tensor
+    dof_upper: torch.Tensor
+    dof_limit_stiffness: torch.Tensor
+    dof_limit_damping: torch.Tensor
+    dof_spring_stiffness: torch.Tensor
+    dof_spring_ref: torch.Tensor
+    dof_drive_stiffness: torch.Tensor
+    dof_drive_damping: torch.Tensor
+    dof_effort_limit: torch.Tensor
     dof_moves_body: torch.Tensor
     subtree: torch.Tensor
     dof_above: torch.Tensor
@@ -178,14 +173,8 @@ class Model:
     dof_below: torch.Tensor
     dof_coupled: torch.Tensor
     dof_frame: torch.Tensor
-    moves_t: torch.Tensor
-    subtree_t: torch.Tensor
-    frame_t: torch.Tensor
-    scalar_dof: torch.Tensor
-    scalar_q: torch.Tensor
     contact_point_body: torch.Tensor
     contact_point_local: torch.Tensor
-    contact_point_local_t: tuple
     contact_radius: torch.Tensor
     contact_friction: torch.Tensor
     contact_point_geom: tuple[str, ...]
@@ -199,9 +188,10 @@ class Model:
     coupling_damping: torch.Tensor = None
     coupling_names: tuple[str, ...] = ()
     has_ball_friction: bool = False
-    extras: dict = field(default_factory=dict)
-    uniform_gravity: bool = False
-    body_levels: tuple = ()
+    step_cache: StepCache = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_cache", StepCache.from_model(self))
 
     # -- sizes ----------------------------------------------------------------------------------------
     @property
@@ -439,38 +429,28 @@ class Model:
             body_inertia=t(inertia),
             body_gravity=t(grav_mask),
             gravity=t(g),
-            gravity_t=tuple(float(x) for x in g),
-            body_com_t=tuple(t(com[:, k : k + 1]) for k in range(3)),
-            body_inertia_t=tuple(
-                t(inertia[:, a, b][:, None]) for a, b in ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
-            ),
             dof_body=ti(dof_body),
             dof_step=ti(dof_step),
             dof_angular_axis=t(ang),
             dof_linear_axis=t(lin),
-            dof_is_angular=t(np.abs(ang).sum(1) > 0),
-            dof_is_linear=t(np.abs(lin).sum(1) > 0),
-            dof_is_angular_c=t(np.abs(ang).sum(1, keepdims=True) > 0),
-            dof_is_linear_c=t(np.abs(lin).sum(1, keepdims=True) > 0),
-            body_mass_c=t(mass[:, None]),
-            body_gravity_c=t(grav_mask[:, None]),
-            contact_radius_c=t(cdata["radius"][:, None]),
-            armature=t(arm),
-            damping=t(damp),
-            friction_coulomb=t(fric),
-            friction_stiction=t(stiction),
-            friction_falloff=t(np.full(nv, fr.falloff_vel)),
-            friction_stribeck=t(np.full(nv, fr.stribeck_vel)),
-            friction_group=ti(group),
-            lower=t(lower),
-            upper=t(upper),
-            limit_stiffness=t(klim),
-            limit_damping=t(dlim),
-            spring_stiffness=t(kspring),
-            spring_ref=t(spring_ref),
-            drive_stiffness=t(kp),
-            drive_damping=t(kd),
-            effort_limit=t(effort),
+            dof_is_scalar=torch.as_tensor(scalar, device=device),
+            dof_q_index=ti(scalar_q),
+            dof_armature=t(arm),
+            dof_damping=t(damp),
+            dof_friction_coulomb=t(fric),
+            dof_friction_stiction=t(stiction),
+            dof_friction_falloff=t(np.full(nv, fr.falloff_vel)),
+            dof_friction_stribeck=t(np.full(nv, fr.stribeck_vel)),
+            dof_friction_group=ti(group),
+            dof_lower=t(lower),
+            dof_upper=t(upper),
+            dof_limit_stiffness=t(klim),
+            dof_limit_damping=t(dlim),
+            dof_spring_stiffness=t(kspring),
+            dof_spring_ref=t(spring_ref),
+            dof_drive_stiffness=t(kp),
+            dof_drive_damping=t(kd),
+            dof_effort_limit=t(effort),
             dof_moves_body=t(moves),
             subtree=t(anc),
             dof_above=t(above),
@@ -478,14 +458,8 @@ class Model:
             dof_below=t(above.T),
             dof_coupled=t(coupled),
             dof_frame=t(frame),
-            moves_t=t(moves.T),
-            subtree_t=t(anc.T),
-            frame_t=t(frame.T),
-            scalar_dof=torch.as_tensor(scalar, device=device),
-            scalar_q=ti(scalar_q),
             contact_point_body=ti(cdata["point_body"]),
             contact_point_local=t(cdata["local"]).reshape(-1, 3),
-            contact_point_local_t=tuple(t(cdata["local"][:, k : k + 1]) for k in range(3)),
             contact_radius=t(cdata["radius"]),
             contact_friction=t(cdata["friction"]),
             contact_point_geom=cdata["point_geom"],
@@ -499,20 +473,9 @@ class Model:
             coupling_damping=t(coup["damping"]),
             coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
-            uniform_gravity=bool(np.all(grav_mask == 1.0)),
-            body_levels=_body_levels(parents, ti),
         )
 
     # -- helpers ------------------------------------------------------------------------------------------
-    def dof_index(self, name: str) -> int:
-        """Index of DOF ``name`` (``layout.dof_names``); :class:`UnknownNameError` listing them otherwise."""
-        try:
-            return self.layout.dof_names.index(name)
-        except ValueError:
-            raise UnknownNameError(
-                f"no DOF {name!r}; DOFs are: {', '.join(self.layout.dof_names)}", path=self.layout.source
-            ) from None
-
     def check_state(self, q: torch.Tensor, qd: torch.Tensor | None = None) -> None:
         """Raise :class:`ShapeError` unless ``q [W, nq]`` (and ``qd [W, nv]``) match the model's sizes,
         dtype and device."""
@@ -530,6 +493,61 @@ class Model:
                     path=self.layout.source,
                     item=name,
                 )
+
+
+@dataclass(frozen=True, eq=False)
+class StepCache:
+    """Layouts of a :class:`Model`'s constants that the step's component-wise maths reads (columns and
+    per-component tuples broadcast against ``[n, W]`` tensors, worlds innermost), built from the model by
+    :meth:`from_model`; nothing here is new information.
+
+    Attributes:
+        gravity_t: ``(g_x, g_y, g_z)`` floats, m/s^2 (world).
+        uniform_gravity: gravity acts on every body (``body_gravity`` is 1 everywhere).
+        body_mass_c, body_gravity_c: ``[B, 1]`` columns of ``body_mass`` and ``body_gravity``.
+        body_com_t: 3 x ``[B, 1]`` the components of ``body_com``.
+        body_inertia_t: 6 x ``[B, 1]`` the entries xx, xy, xz, yy, yz, zz of ``body_inertia``.
+        body_levels: per tree depth 1, 2, ... the ``(bodies, their parents)`` long tensors, for sums along
+            the tree level by level.
+        dof_is_angular_c, dof_is_linear_c: ``[nv, 1]`` 1.0 where the DOF has an angular (linear) motion
+            axis.
+        contact_point_local_t: 3 x ``[C, 1]`` the components of ``contact_point_local``.
+        contact_radius_c: ``[C, 1]`` column of ``contact_radius``.
+    """
+
+    gravity_t: tuple[float, float, float]
+    uniform_gravity: bool
+    body_mass_c: torch.Tensor
+    body_gravity_c: torch.Tensor
+    body_com_t: tuple[torch.Tensor, ...]
+    body_inertia_t: tuple[torch.Tensor, ...]
+    body_levels: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    dof_is_angular_c: torch.Tensor
+    dof_is_linear_c: torch.Tensor
+    contact_point_local_t: tuple[torch.Tensor, ...]
+    contact_radius_c: torch.Tensor
+
+    @classmethod
+    def from_model(cls, model: Model) -> StepCache:
+        """The cache of ``model`` (reads its tensors once; on CUDA this waits for them)."""
+        col = lambda x: x[:, None].contiguous()
+        comps = lambda x, k: tuple(x[:, i : i + 1].contiguous() for i in range(k))
+        ti = lambda a: torch.as_tensor(np.array(a, dtype=np.int64), device=model.device)
+        inertia = model.body_inertia
+        pairs = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
+        return cls(
+            gravity_t=tuple(float(x) for x in model.gravity.tolist()),
+            uniform_gravity=bool(torch.all(model.body_gravity == 1.0)),
+            body_mass_c=col(model.body_mass),
+            body_gravity_c=col(model.body_gravity),
+            body_com_t=comps(model.body_com, 3),
+            body_inertia_t=tuple(col(inertia[:, a, b]) for a, b in pairs),
+            body_levels=_body_levels(model.parents, ti),
+            dof_is_angular_c=col(model.dof_angular_axis.abs().sum(1) > 0).to(model.dtype),
+            dof_is_linear_c=col(model.dof_linear_axis.abs().sum(1) > 0).to(model.dtype),
+            contact_point_local_t=comps(model.contact_point_local, 3),
+            contact_radius_c=col(model.contact_radius),
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -662,17 +680,6 @@ def _geom_points(g) -> list[tuple[np.ndarray, float]] | None:
     return None
 
 
-def _quat_matrix(q) -> np.ndarray:
-    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
-
-
 def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
     planes = [g for g in desc.geoms if g.body < 0 and g.type is GeomType.PLANE]
     per_body: dict[int, list] = {}
@@ -690,7 +697,7 @@ def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
             mu = float(contact.friction)
         else:
             mu = max([float(g.friction[0])] + [float(p.friction[0]) for p in planes])
-        rot = _quat_matrix(g.quat_wxyz)
+        rot = R.quat_to_matrix(np.asarray(g.quat_wxyz, dtype=np.float64))
         for p, r in pts:
             per_body.setdefault(g.body, []).append((g.pos + rot @ p, r, mu, g.name))
     if skipped:

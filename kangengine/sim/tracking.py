@@ -325,7 +325,7 @@ def _axis_inertia(model: Model) -> torch.Tensor:
     v_root = lin + torch.linalg.cross(ang, o - ob)  # velocity of the root origin for a rigid rotation
     s = torch.cat([v_root, ang], dim=-1)  # [nv, 6] in root coordinates
     inertia = torch.einsum("ni,ij,nj->n", s, mroot, s)
-    return inertia + model.armature
+    return inertia + model.dof_armature
 
 
 def _per_dof(model: Model, value, default: torch.Tensor, what: str) -> torch.Tensor:
@@ -585,15 +585,15 @@ def prepare_reference(
     raw_points = torch.zeros(n_total, model.num_contact_points, 3, dtype=dt_, device=dev)
     free = model.layout.free_root
     j0 = _first_joint_dof(model)
-    scalar = model.scalar_dof.to(dt_)
+    scalar = model.dof_is_scalar.to(dt_)
     chunk = max(int(settings.chunk_frames), 1)
     for s in range(0, n_total, chunk):
         e = min(s + chunk, n_total)
         q, v, a = Q[s:e], V[s:e], A[s:e]
         tau = inverse_dynamics(model, q, v, a)
         # passive joint forces the drives must overcome: springs and dampers of the model
-        qs = q[:, model.scalar_q] * scalar
-        tau_p = model.damping * v + model.spring_stiffness * (qs - model.spring_ref) * scalar
+        qs = q[:, model.dof_q_index] * scalar
+        tau_p = model.dof_damping * v + model.dof_spring_stiffness * (qs - model.dof_spring_ref) * scalar
         if free:
             resid[s:e] = tau[:, :6]
         pos, quat = link_transforms(model, q)
@@ -716,7 +716,9 @@ def track(
     free = model.layout.free_root
     j0 = _first_joint_dof(model)
     sim_model = (
-        model if settings.clamp_effort else replace(model, effort_limit=torch.full_like(model.effort_limit, math.inf))
+        model
+        if settings.clamp_effort
+        else replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
     )
     sim = Simulator(sim_model, dt=settings.dt, iterations=settings.iterations, check_inputs=False)
     kp, kd = drive_gains(model, settings)
@@ -734,7 +736,7 @@ def track(
     body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
     body_slot[cbodies] = torch.arange(bc, device=dev)
     point_slot = body_slot[model.contact_point_body]
-    effort = model.effort_limit
+    effort = model.dof_effort_limit
 
     # per-step buffers (no host transfer inside the loop)
     q_log = torch.empty(steps, w, model.nq, dtype=dt_, device=dev)
@@ -833,10 +835,6 @@ def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
     return model.layout.integrate(q_ref, dq), qd_ref + dqd
 
 
-def _wrap(x: torch.Tensor) -> torch.Tensor:
-    return torch.remainder(x + math.pi, 2.0 * math.pi) - math.pi
-
-
 def _metrics(
     model, ref, names, settings, q_log, effort_log, assist_log, cforce_log, skate_log, pen_log, nonfinite, cur_idx
 ) -> TrackingResult:
@@ -853,7 +851,7 @@ def _metrics(
     heading = torch.zeros(steps, w, dtype=dt_, device=dev)
     sim_lim = torch.zeros(steps, w, dtype=dt_, device=dev)
     chunk = max(int(settings.chunk_frames) // max(w, 1), 1)
-    scalar = model.scalar_dof
+    scalar = model.dof_is_scalar
     for s in range(0, steps, chunk):
         e = min(s + chunk, steps)
         q = q_log[s:e].reshape(-1, model.nq)
@@ -865,22 +863,22 @@ def _metrics(
         dof_err[s:e] = diff[:, j0:].abs().reshape(e - s, w, -1)
         root_err[s:e] = (pos[:, 0] - ref.body_pos[rows, 0]).reshape(e - s, w, 3)
         if model.layout.free_root:
-            heading[s:e] = _wrap(_yaw(q[:, 3:7]) - _yaw(qr[:, 3:7])).reshape(e - s, w)
-        qs = q[:, model.scalar_q]
-        viol = torch.maximum(qs - model.upper, model.lower - qs).clamp(min=0.0) * scalar
+            heading[s:e] = R.wrap_angle(_yaw(q[:, 3:7]) - _yaw(qr[:, 3:7])).reshape(e - s, w)
+        qs = q[:, model.dof_q_index]
+        viol = torch.maximum(qs - model.dof_upper, model.dof_lower - qs).clamp(min=0.0) * scalar
         sim_lim[s:e] = (viol.amax(-1) if viol.shape[-1] else torch.zeros_like(qs[:, 0])).reshape(e - s, w)
     rows = idx.reshape(-1)
-    qr = ref.q_raw[rows][:, model.scalar_q]
-    rviol = torch.maximum(qr - model.upper, model.lower - qr).clamp(min=0.0) * scalar
+    qr = ref.q_raw[rows][:, model.dof_q_index]
+    rviol = torch.maximum(qr - model.dof_upper, model.dof_lower - qr).clamp(min=0.0) * scalar
     ref_lim = (rviol.amax(-1) if rviol.shape[-1] else torch.zeros_like(qr[:, 0])).reshape(steps, w)
     ffr = (
-        (ref.feedforward[rows][:, j0:].abs() / model.effort_limit[j0:]).amax(-1).reshape(steps, w)
+        (ref.feedforward[rows][:, j0:].abs() / model.dof_effort_limit[j0:]).amax(-1).reshape(steps, w)
         if model.nv > j0
         else torch.zeros(steps, w, dtype=dt_, device=dev)
     )
     rw, uw = ref.residual_wrench[rows], ref.unsupported_wrench[rows]
     if model.nv > j0:
-        ratio = (ref.feedforward[rows][:, j0:].abs() / model.effort_limit[j0:]).reshape(steps, w, -1)
+        ratio = (ref.feedforward[rows][:, j0:].abs() / model.dof_effort_limit[j0:]).reshape(steps, w, -1)
         ratio = torch.where(valid[..., None], ratio, torch.full_like(ratio, math.nan))
         ff_dof = torch.nanquantile(ratio.to(torch.float64), 0.95, dim=0).nan_to_num(0.0, posinf=math.inf)
     else:
