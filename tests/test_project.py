@@ -127,6 +127,9 @@ def _violations(source: str, module: str, is_package: bool = False, where: str =
         return []
     found = []
     for line, target in _imported(source, module, is_package):
+        if target == "kangengine" and own not in ("pipelines", "cli"):
+            found.append(f"{where or module}:{line}: {own} imports the package root (ke.<any layer> bypasses the rule)")
+            continue
         other = _component(target)
         if other is not None and other != own and other not in ALLOWED[own]:
             allowed = ", ".join(sorted(ALLOWED[own]))
@@ -156,6 +159,8 @@ def test_import_checker_sees_relative_function_level_and_literal_imports():
     assert _violations("from ..animation import x\n", "kangengine.io.bvh") == []
     assert _violations("from ..sim import x\n", "kangengine.io.bvh")  # siblings
     assert _violations("from .animation import x\n", "kangengine.errors")  # core imports a subpackage
+    assert _violations("import kangengine as ke\n", "kangengine.asset.mjcf")  # ke.pipelines would be reachable
+    assert _violations("import kangengine as ke\nfrom .. import __version__\n", "kangengine.pipelines.load") == []
 
 
 def test_imports_go_down_the_layers_only():
