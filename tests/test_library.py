@@ -482,7 +482,7 @@ def test_cuda_matches_cpu(amp):  # pragma: no cover - runs where a GPU exists
 
 def test_cpu_and_gpu_strategies_agree():
     """The CPU-only tricks (GEMV norms, GEMM offsets) give what the generic (GPU) path gives."""
-    from kangengine.animation.library.core import _add_offsets_, _normalize_quats_
+    from kangengine.animation.library.sampling import _add_offsets_, _normalize_quats_
 
     rows = torch.randn(300, 13 * 24, dtype=torch.float64)
     a, b = rows.clone(), rows.clone()
