@@ -465,39 +465,70 @@ def quat_rotate_inverse(q, v):
 # ----------------------------------------------------------------------------------------------
 
 
+def _matrix_rows(ops, w, x, y, z, rows):
+    """The 9 entries of the rotation matrix of ``(w, x, y, z)`` (any scale) in row-major order.
+
+    ``rows`` is a ``[9, ...]`` numpy buffer written in place (no temporaries beyond six products), or
+    None (torch: a list of 9 tensors is returned, autograd-friendly).
+    """
+    s = 2.0 / (w * w + x * x + y * y + z * z)
+    xs, ys, zs = x * s, y * s, z * s
+    xx, yy, zz = x * xs, y * ys, z * zs
+    xy, wz, xz, wy, yz, wx = x * ys, w * zs, x * zs, w * ys, y * zs, w * xs
+    if rows is None:
+        return [1.0 - (yy + zz), xy - wz, xz + wy, xy + wz, 1.0 - (xx + zz), yz - wx, xz - wy, yz + wx, 1.0 - (xx + yy)]
+    for d, a, b in ((0, yy, zz), (4, xx, zz), (8, xx, yy)):
+        np.add(a, b, out=rows[d])
+        np.subtract(1.0, rows[d], out=rows[d])
+    for lo, hi, a, b in ((1, 3, xy, wz), (5, 7, yz, wx), (6, 2, xz, wy)):  # (a - b, a + b)
+        np.subtract(a, b, out=rows[lo])
+        np.add(a, b, out=rows[hi])
+    return rows
+
+
+# Rotations per block of the numpy quat_to_matrix: the [4, n] and [9, n] blocks stay in the L2 cache.
+_MATRIX_BLOCK = 8192
+
+
 def quat_to_matrix(q):
     """Rotation matrices of WXYZ quaternions.
 
     ``quat_to_matrix(q) @ v == quat_rotate(q, v)``. Non-unit quaternions are treated as their
-    normalised version (the formula divides by ``|q|^2``).
+    normalised version (the formula divides by ``|q|^2``): ``R = I + s w [v]x + s [v]x^2`` with
+    ``s = 2 / |q|^2``, i.e. ``R[0, 0] = 1 - s (y^2 + z^2)``, ``R[0, 1] = s (x y - w z)``, ...
+
+    numpy works through blocks of rotations: the components are transposed into a contiguous
+    ``[4, n]`` block, the 9 entries computed into a contiguous ``[9, n]`` block, and one transposing
+    copy writes them out (about 25 ns per rotation in float64 on one thread, faster than scipy's
+    ``Rotation.from_quat(xyzw).as_matrix()``; ``benchmarks/bench_rotations.py``). torch builds the
+    entries with differentiable element-wise ops and stacks them.
 
     Args:
         q: ``(..., 4)`` non-zero WXYZ quaternions, float32 or float64, numpy or torch.
 
     Returns:
-        ``(..., 3, 3)`` rotation matrices (active, right-handed), same type, dtype and device.
+        ``(..., 3, 3)`` rotation matrices (active, right-handed, C-contiguous), same type, dtype and
+        device.
     """
     ops, q = _coerce(q)
     _check_last(q, 4, "quat_to_matrix", "q")
-    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    s = 2.0 / ops.sum(q * q, axis=-1)
-    xs, ys, zs = x * s, y * s, z * s
-    out = ops.zeros(tuple(q.shape[:-1]) + (3, 3), like=q)
-    # Written element by element into one preallocated array: no stacking of temporaries.
-    xx, yy, zz = x * xs, y * ys, z * zs
-    out[..., 0, 0] = 1.0 - (yy + zz)
-    out[..., 1, 1] = 1.0 - (xx + zz)
-    out[..., 2, 2] = 1.0 - (xx + yy)
-    xy, wz = x * ys, w * zs
-    out[..., 0, 1] = xy - wz
-    out[..., 1, 0] = xy + wz
-    xz, wy = x * zs, w * ys
-    out[..., 0, 2] = xz + wy
-    out[..., 2, 0] = xz - wy
-    yz, wx = y * zs, w * xs
-    out[..., 1, 2] = yz - wx
-    out[..., 2, 1] = yz + wx
-    return out
+    lead = tuple(q.shape[:-1])
+    if ops.is_torch:
+        entries = _matrix_rows(ops, q[..., 0], q[..., 1], q[..., 2], q[..., 3], None)
+        return ops.stack(entries).reshape(lead + (3, 3))
+    flat = q.reshape(-1, 4)
+    n = flat.shape[0]
+    out = np.empty((n, 9), dtype=q.dtype)
+    block = min(n, _MATRIX_BLOCK)
+    comps = np.empty((4, block), dtype=q.dtype)
+    rows = np.empty((9, block), dtype=q.dtype)
+    for s0 in range(0, n, block):
+        m = min(block, n - s0)
+        c = comps[:, :m]
+        np.copyto(c, flat[s0 : s0 + m].T)
+        _matrix_rows(ops, c[0], c[1], c[2], c[3], rows[:, :m])
+        np.copyto(out[s0 : s0 + m], rows[:, :m].T)
+    return out.reshape(lead + (3, 3))
 
 
 def quat_from_matrix(m):
@@ -736,15 +767,12 @@ def _check_euler_args(order, extrinsic, func):
     return order.lower(), bool(extrinsic)
 
 
-def _elementary(ops, axis: int, angle):
-    half = 0.5 * angle
-    zero = ops.zeros_like(angle)
-    comps = [ops.cos(half), zero, zero, zero]
-    comps[axis + 1] = ops.sin(half)
-    return ops.stack(comps)
+def _parity(i: int, j: int, k: int) -> float:
+    """+1.0 for an even permutation ``(i, j, k)`` of ``(0, 1, 2)``, -1.0 for an odd one."""
+    return float((i - j) * (j - k) * (k - i) // 2)
 
 
-def quat_from_euler(angles, order: str, *, extrinsic: bool):
+def quat_from_euler(angles, order: str, *, extrinsic: bool, degrees: bool = False):
     """WXYZ quaternions of Euler angles, same conventions as scipy's ``Rotation.from_euler``.
 
     ``order`` names the axes in the order the angles are listed, e.g. ``"xyz"``: ``angles[..., 0]``
@@ -755,11 +783,17 @@ def quat_from_euler(angles, order: str, *, extrinsic: bool):
     - ``extrinsic=False``: intrinsic rotations about the rotating (body) axes
       (``q = q_x * q_y * q_z`` for ``"xyz"``; scipy ``from_euler("XYZ", ...)``).
 
+    The product of the three elementary quaternions is evaluated in closed form from the half-angle
+    sines and cosines (one ``sin`` and one ``cos`` of the ``(..., 3)`` half angles, then 12 products),
+    which is what the BVH reader runs on every channel of every frame.
+
     Args:
-        angles: ``(..., 3)`` angles in radians, float32 or float64, numpy or torch.
+        angles: ``(..., 3)`` angles in radians (degrees with ``degrees=True``), float32 or float64,
+            numpy or torch.
         order: one of the 12 orders in :data:`EULER_ORDERS` (6 Tait-Bryan ``xyz, xzy, yxz, yzx, zxy,
             zyx``, 6 proper Euler ``xyx, xzx, yxy, yzy, zxz, zyz``), case-insensitive.
         extrinsic: required keyword, see above.
+        degrees: keyword; True when ``angles`` are in degrees (scipy's ``degrees=True``).
 
     Returns:
         ``(..., 4)`` unit WXYZ quaternions (sign as scipy's composition gives it, not standardised),
@@ -771,82 +805,164 @@ def quat_from_euler(angles, order: str, *, extrinsic: bool):
     order, extrinsic = _check_euler_args(order, extrinsic, "quat_from_euler")
     ops, angles = _coerce(angles)
     _check_last(angles, 3, "quat_from_euler", "angles")
-    q = None
-    for n, letter in enumerate(order):
-        e = _elementary(ops, _AXIS_INDEX[letter], angles[..., n])
-        if q is None:
-            q = e
-        else:
-            q = _mul(ops, e, q) if extrinsic else _mul(ops, q, e)
-    return q
+    axes = [_AXIS_INDEX[c] for c in order]
+    half = angles * ((math.pi / 360.0) if degrees else 0.5)
+    cos, sin = ops.cos(half), ops.sin(half)
+    cols = (2, 1, 0) if extrinsic else (0, 1, 2)  # extrinsic "abc" is intrinsic "cba", angles reversed
+    if extrinsic:
+        axes.reverse()
+    c0, c1, c2 = (cos[..., n] for n in cols)
+    s0, s1, s2 = (sin[..., n] for n in cols)
+    c1c2, s1s2, s1c2, c1s2 = c1 * c2, s1 * s2, s1 * c2, c1 * s2
+    i0, i1, i2 = axes
+    # q = e0 * e1 * e2 with e_n = (c_n, s_n along axis i_n): each component is a +- b of two products.
+    # (slot, +1 add / -1 subtract, a, b); the fourth slot is the axis not named (proper Euler orders).
+    if i0 != i2:  # Tait-Bryan
+        e = _parity(i0, i1, i2)
+        terms = (
+            (0, -e, c0 * c1c2, s0 * s1s2),
+            (1 + i0, e, s0 * c1c2, c0 * s1s2),
+            (1 + i1, -e, c0 * s1c2, s0 * c1s2),
+            (1 + i2, e, c0 * c1s2, s0 * s1c2),
+        )
+        last = None
+    else:  # proper Euler: v_k = parity(i0, i1, k) (s0 s1 c2 - c0 s1 s2)
+        k = 3 - i0 - i1
+        e = _parity(i0, i1, k)
+        terms = (
+            (0, -1.0, c0 * c1c2, s0 * c1s2),
+            (1 + i0, 1.0, c0 * c1s2, s0 * c1c2),
+            (1 + i1, 1.0, c0 * s1c2, s0 * s1s2),
+        )
+        last = (1 + k, e, s0 * s1c2, c0 * s1s2)  # e * (a - b)
+    if ops.is_torch:
+        comps = [None] * 4
+        for slot, sg, a, b in terms:
+            comps[slot] = a + b if sg > 0 else a - b
+        if last is not None:
+            slot, sg, a, b = last
+            comps[slot] = (a - b) if sg > 0 else (b - a)
+        return ops.stack(comps)
+    out = np.empty(angles.shape[:-1] + (4,), dtype=angles.dtype)
+    for slot, sg, a, b in terms:
+        (np.add if sg > 0 else np.subtract)(a, b, out=out[..., slot])
+    if last is not None:
+        slot, sg, a, b = last
+        np.subtract(a, b, out=out[..., slot]) if sg > 0 else np.subtract(b, a, out=out[..., slot])
+    return out
 
 
-def _wrap_pi(ops, x):
-    # (-2pi, 2pi] -> (-pi, pi]; the cheap form for angles known to lie in that range
-    x = ops.where(x > math.pi, x - 2.0 * math.pi, x)
-    return ops.where(x <= -math.pi, x + 2.0 * math.pi, x)
+_TWO_PI = 2.0 * math.pi
+
+
+def _wrap(ops, x):
+    """``wrap_angle`` on an array of the backend (see there); numpy returns a new array."""
+    if ops.is_torch:
+        y = x - _TWO_PI * ops.torch.round(x * (1.0 / _TWO_PI))  # round half to even, like np.rint
+        y = ops.where(y > math.pi, y - _TWO_PI, y)
+        return ops.where(y <= -math.pi, y + _TWO_PI, y)
+    y = np.empty_like(x)
+    np.multiply(x, 1.0 / _TWO_PI, out=y)
+    np.rint(y, out=y)
+    y *= -_TWO_PI
+    y += x  # in [-pi, pi] up to rounding; -pi (and anything rounded past the ends) folds below
+    if y.size and (y.max() > math.pi or y.min() <= -math.pi):  # two reductions; the folds are rare
+        np.add(y, -_TWO_PI, out=y, where=y > math.pi)
+        np.add(y, _TWO_PI, out=y, where=y <= -math.pi)
+    return y
 
 
 def wrap_angle(x):
     """Angles wrapped into ``(-pi, pi]`` (``pi`` stays ``pi``; ``-pi`` becomes ``pi``).
 
+    ``y = x - 2 pi rint(x / (2 pi))``, then the ends folded so that exactly ``-pi`` (and ``+-3 pi``,
+    ...) give ``+pi``; the same as ``np.angle(np.exp(1j * x))`` except there. The error is about
+    ``|x| eps`` (``2 pi`` rounded to the dtype times the number of turns removed), which is also how
+    well ``x`` itself is known. float32 compares against ``pi`` rounded to float32, so the float32
+    ``pi`` is the upper end. numpy: four passes over the array in place and two reductions; the folds
+    run only when an angle falls on or past an end.
+
     Args:
-        x: ``(...)`` angles in radians, any magnitude, numpy or torch (float32 or float64).
+        x: ``(...)`` angles in radians, any magnitude, float32 or float64, numpy or torch.
+
     Returns:
         ``(...)`` angles in ``(-pi, pi]`` congruent to ``x`` modulo ``2 pi``, same type, dtype and device.
     """
     ops, x = _coerce(x)
-    two_pi = 2.0 * math.pi
-    y = x - two_pi * ops.ceil((x - math.pi) / two_pi)
-    # rounding can leave y a hair outside the interval; fold it back
-    y = ops.where(y > math.pi, y - two_pi, y)
-    return ops.where(y <= -math.pi, y + two_pi, y)
+    return _wrap(ops, x)
+
+
+_XYZW_FROM_WXYZ = (1, 2, 3, 0)
+_WXYZ_FROM_XYZW = (3, 0, 1, 2)
+
+
+def _reorder(q, index, func):
+    if _is_torch(q):
+        _check_last(q, 4, func, "q")
+        return q[..., list(index)]
+    q = np.asarray(q)
+    _check_last(q, 4, func, "q")
+    return q[..., np.array(index, dtype=np.intp)]
 
 
 def quat_wxyz_to_xyzw(q):
     """Reorder quaternions from WXYZ (KangEngine) to XYZW (scipy, Newton, PhysX, poselib, ``.superdex_bot``).
 
+    The reorder is a gather of the last axis, so any dtype is kept as it is (integer column indices
+    too: ``quat_wxyz_to_xyzw(np.arange(s, s + 4))`` are the WXYZ columns in XYZW order).
+
     Args:
-        q: ``(..., 4)`` WXYZ quaternions, numpy or torch.
+        q: ``(..., 4)`` WXYZ quaternions (or per-component values), numpy (or anything ``np.asarray``
+            takes) or torch.
+
     Returns:
         ``(..., 4)`` XYZW, a new array of the same type, dtype and device.
     """
-    ops, q = _coerce(q)
-    _check_last(q, 4, "quat_wxyz_to_xyzw", "q")
-    return ops.cat([q[..., 1:], q[..., :1]])
+    return _reorder(q, _XYZW_FROM_WXYZ, "quat_wxyz_to_xyzw")
 
 
 def quat_xyzw_to_wxyz(q):
     """Reorder quaternions from XYZW (scipy, Newton, PhysX, poselib, ``.superdex_bot``) to WXYZ (KangEngine).
 
+    The reorder is a gather of the last axis, so any dtype is kept as it is.
+
     Args:
-        q: ``(..., 4)`` XYZW quaternions, numpy or torch.
+        q: ``(..., 4)`` XYZW quaternions (or per-component values), numpy (or anything ``np.asarray``
+            takes) or torch.
+
     Returns:
         ``(..., 4)`` WXYZ, a new array of the same type, dtype and device.
     """
-    ops, q = _coerce(q)
-    _check_last(q, 4, "quat_xyzw_to_wxyz", "q")
-    return ops.cat([q[..., 3:], q[..., :3]])
+    return _reorder(q, _WXYZ_FROM_XYZW, "quat_xyzw_to_wxyz")
 
 
-def quat_to_euler(q, order: str, *, extrinsic: bool):
+def quat_to_euler(q, order: str, *, extrinsic: bool, degrees: bool = False):
     """Euler angles of WXYZ quaternions, same conventions and ranges as scipy's ``as_euler``.
 
     Inverse of :func:`quat_from_euler` with the same ``order`` and ``extrinsic``. Uses the
-    closed form of Bernardes & Viollet (2022), as scipy does.
+    closed form of Bernardes & Viollet (2022), as scipy does: with ``(a, b, c, d)`` the permuted
+    (Tait-Bryan: sums and differences of the) components, the middle angle is
+    ``2 atan2(|(c, d)|, |(a, b)|)`` and the outer ones are ``atan2(b, a) -+ atan2(d, c)``, evaluated as
+    one ``atan2`` of the complex products ``(a + ib)(c -+ id)`` each, which lands in ``(-pi, pi]``
+    without wrapping (three ``atan2`` per rotation in all).
 
     Ranges: first and third angles in ``(-pi, pi]``; the middle angle in ``[-pi/2, pi/2]`` for
     Tait-Bryan orders and ``[0, pi]`` for proper Euler orders. In gimbal lock (middle angle within
     1e-7 of its singular value) the third angle is set to 0, as scipy does, without a warning.
 
     Args:
-        q: ``(..., 4)`` non-zero WXYZ quaternions (need not be unit), float32 or float64, numpy or
-            torch.
+        q: ``(..., 4)`` non-zero WXYZ quaternions (need not be unit; the components are squared, so
+            ``|q|`` between about 1e-150 and 1e150 in float64, 1e-18 and 1e18 in float32), float32 or
+            float64, numpy or torch. A numpy view whose last axis is the slowest
+            (``np.moveaxis(q_4xN, 0, -1)``) is read without a copy.
         order: one of the 12 orders in :data:`EULER_ORDERS`, case-insensitive.
         extrinsic: required keyword; True for fixed world axes, False for rotating axes.
+        degrees: keyword; True returns degrees instead of radians (scipy's ``degrees=True``).
 
     Returns:
-        ``(..., 3)`` angles in radians listed in letter order, same type, dtype and device.
+        ``(..., 3)`` angles in radians (or degrees) listed in letter order, same type, dtype and
+        device. numpy: the memory layout of ``q`` is kept (numpy's ``order="K"``), so a
+        component-major input gives component-major angles (``out[..., n]`` contiguous).
 
     Raises:
         FormatError: unknown ``order`` or non-bool ``extrinsic``.
@@ -854,35 +970,88 @@ def quat_to_euler(q, order: str, *, extrinsic: bool):
     order, extrinsic = _check_euler_args(order, extrinsic, "quat_to_euler")
     ops, q = _coerce(q)
     _check_last(q, 4, "quat_to_euler", "q")
+    if q.ndim == 1 and not ops.is_torch:  # the in-place numpy path needs arrays, not scalars
+        return quat_to_euler(q[None], order, extrinsic=extrinsic, degrees=degrees)[0]
     i, j, k = (_AXIS_INDEX[c] for c in order)
     if not extrinsic:
         i, k = k, i
     symmetric = i == k
     if symmetric:
         k = 3 - i - j
-    sign = (i - j) * (j - k) * (k - i) // 2  # +1 for an even permutation, -1 for an odd one
-    qw, qi, qj, qk = q[..., 0], q[..., i + 1], q[..., j + 1], q[..., k + 1] * sign
+    s = _parity(i, j, k)  # the k component enters with this sign
+    qw, qi, qj, qk = q[..., 0], q[..., i + 1], q[..., j + 1], q[..., k + 1]
+    # (a, b, c, d) with d = s * ds: no negation pass for s < 0
     if symmetric:
-        a, b, c, d = qw, qi, qj, qk
+        a, b, c, ds = qw, qi, qj, qk
     else:
-        a, b, c, d = qw - qj, qi + qk, qj + qw, qk - qi
-    middle = 2.0 * ops.atan2(ops.hypot(c, d), ops.hypot(a, b))  # [0, pi]
-    half_sum = ops.atan2(b, a)
-    half_diff = ops.atan2(d, c)
-    case1 = ops.abs(middle) <= _GIMBAL_EPS
-    case2 = ops.abs(middle - math.pi) <= _GIMBAL_EPS
-    singular = case1 | case2
-    zero = ops.zeros_like(middle)
-    first_idx, third_idx = (0, 2) if extrinsic else (2, 0)
-    singular0 = ops.where(case1, 2.0 * half_sum, (-2.0 if extrinsic else 2.0) * half_diff)
-    out = [zero, zero, zero]
-    out[first_idx] = ops.where(singular, singular0 if first_idx == 0 else zero, half_sum - half_diff)
-    out[third_idx] = ops.where(singular, singular0 if third_idx == 0 else zero, half_sum + half_diff)
+        a, c = qw - qj, qj + qw
+        b, ds = (qi + qk, qk - qi) if s > 0 else (qi - qk, qk + qi)
+    # half_sum -+ half_diff = atan2(b, a) -+ atan2(d, c) = arg((a + ib)(c -+ id)):
+    #   first angle  atan2(b c - a d, a c + b d), third angle  t atan2(a d + b c, a c - b d)
+    # (t = s for Tait-Bryan orders, 1 for proper Euler), written with P = a ds, Q = b ds; "+ 0.0" makes a
+    # -0.0 numerator +0.0, so atan2 gives +pi, never -pi.
+    first, third = (0, 2) if extrinsic else (2, 0)
+    if ops.is_torch:
+        middle = 2.0 * ops.atan2(ops.sqrt(c * c + ds * ds), ops.sqrt(a * a + b * b))
+        P, Q, bc, ac = a * ds, b * ds, b * c, a * c
+        y3 = (P + bc if s > 0 else bc - P) if symmetric else (P + bc if s > 0 else P - bc)
+        out = [None, middle if symmetric else middle - 0.5 * math.pi, None]
+        out[first] = ops.atan2((bc - s * P) + 0.0, ac + s * Q)
+        out[third] = ops.atan2(y3 + 0.0, ac - s * Q)
+        lock, at_zero = _euler_lock(ops, middle)
+        alone = _euler_lock_angle(ops, at_zero, a, b, c, s * ds, extrinsic, symmetric or s > 0 or extrinsic)
+        res = ops.stack([ops.where(lock, alone, out[0]), out[1], ops.where(lock, 0.0, out[2])])
+        return res * (180.0 / math.pi) if degrees else res
+    res = np.empty_like(q[..., :3])  # numpy's order="K": the layout of q
+    dst = [res[..., n] for n in range(3)]
+    ab, tmp, cd = a * a, b * b, c * c
+    ab += tmp
+    np.sqrt(ab, out=ab)
+    np.multiply(ds, ds, out=tmp)
+    cd += tmp
+    np.sqrt(cd, out=cd)
+    middle = np.arctan2(cd, ab, out=dst[1])
+    middle *= 2.0  # [0, pi]
+    P, Q, bc, ac = np.multiply(a, ds, out=ab), np.multiply(b, ds, out=cd), np.multiply(b, c, out=tmp), a * c
+    y1 = bc - P if s > 0 else bc + P
+    if symmetric:
+        np.add(P, bc, out=P) if s > 0 else np.subtract(bc, P, out=P)
+    else:
+        np.add(P, bc, out=P) if s > 0 else np.subtract(P, bc, out=P)
+    y3 = P
+    x1 = np.add(ac, Q, out=bc) if s > 0 else np.subtract(ac, Q, out=bc)
+    x3 = np.subtract(ac, Q, out=Q) if s > 0 else np.add(ac, Q, out=Q)
+    y1 += 0.0
+    y3 += 0.0
+    np.arctan2(y1, x1, out=dst[first])
+    np.arctan2(y3, x3, out=dst[third])
+    if middle.size and (middle.min() <= _GIMBAL_EPS or middle.max() >= math.pi - _GIMBAL_EPS):
+        lock, at_zero = _euler_lock(ops, middle)
+        if lock.any():
+            a, b, c, d, at_zero = (v[lock] for v in (a, b, c, s * ds, at_zero))
+            dst[0][lock] = _euler_lock_angle(ops, at_zero, a, b, c, d, extrinsic, symmetric or s > 0 or extrinsic)
+            dst[2][lock] = 0.0
     if not symmetric:
-        out[third_idx] = sign * out[third_idx]
-        middle = middle - 0.5 * math.pi
-    out[1] = middle
-    return ops.stack([_wrap_pi(ops, out[0]), out[1], _wrap_pi(ops, out[2])])
+        middle -= 0.5 * math.pi
+    if degrees:
+        res *= 180.0 / math.pi
+    return res
+
+
+def _euler_lock(ops, middle):
+    """Gimbal lock, scipy's test: ``(middle within 1e-7 of 0 or pi, middle within 1e-7 of 0)``."""
+    at_zero = middle <= _GIMBAL_EPS
+    return at_zero | (ops.abs(middle - math.pi) <= _GIMBAL_EPS), at_zero
+
+
+def _euler_lock_angle(ops, at_zero, a, b, c, d, extrinsic: bool, keep_sign: bool):
+    """The first angle at gimbal lock (the third one is 0): ``2 atan2(b, a)`` where the middle angle is
+    0 (``at_zero``), ``-+2 atan2(d, c)`` where it is pi (``-`` extrinsic), as one double-angle ``atan2``
+    (in ``(-pi, pi]``); negated when the third angle's sign applies to it (intrinsic Tait-Bryan of an odd
+    permutation)."""
+    y = ops.where(at_zero, 2.0 * a * b, (-2.0 if extrinsic else 2.0) * c * d)
+    x = ops.where(at_zero, a * a - b * b, c * c - d * d)
+    return ops.atan2((y if keep_sign else -y) + 0.0, x)
 
 
 # ----------------------------------------------------------------------------------------------

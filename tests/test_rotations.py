@@ -772,3 +772,157 @@ def test_cuda_device_preserved():
     assert rot.quat_to_euler(q, "xyz", extrinsic=True).device == q.device
     assert rot.quat_angular_velocity(q, 0.1, frame="body").device == q.device
     assert rot.quat_identity(3, like=q).device == q.device
+
+
+# ----------------------------------------------------------------------------------------------
+# The one implementation of each helper that replaced copies elsewhere (mapper, BVH, MJCF/URDF,
+# adapters, datasets): wrap_angle, the WXYZ <-> XYZW reorders, quat_to_matrix, Euler fast paths
+# ----------------------------------------------------------------------------------------------
+
+
+def _angle_ref(x) -> np.ndarray:
+    """numpy's own wrap, ``np.angle(exp(i x))`` in float64, with the documented end: -pi becomes +pi."""
+    ref = np.angle(np.exp(1j * np.asarray(x, dtype=np.float64)))
+    return np.where(ref <= -np.pi, ref + 2 * np.pi, ref)
+
+
+def _pi_of(B) -> float:
+    """pi rounded to the backend's dtype (float32 compares against it: its upper end)."""
+    return float(B.np_dtype(np.pi))
+
+
+@backends
+def test_wrap_angle_ends_exactly(B):
+    pi = np.pi
+    x = np.array([pi, -pi, 3 * pi, -3 * pi, 5 * pi, -5 * pi, 0.0, -0.0, 2 * pi, -2 * pi])
+    out = B.check(rot.wrap_angle(B(x)))
+    pi_b = _pi_of(B)
+    assert ((out > -pi_b) & (out <= pi_b)).all()
+    assert out[0] == pi_b and out[1] == pi_b  # exactly pi, and -pi becomes +pi
+    # odd multiples of pi land next to the end, within the input's rounding (|x| eps), circularly
+    eps = np.finfo(B.np_dtype).eps
+    np.testing.assert_array_less(np.abs(wrap(out[2:6] - np.pi)), 4 * eps * np.abs(x[2:6]))
+    np.testing.assert_allclose(out[6:], 0.0, atol=4 * eps * 2 * pi)
+    if B.bits == 64:
+        np.testing.assert_array_equal(out[2:4], pi)  # +-3 pi: exactly pi in float64
+
+
+@backends
+@SETTINGS
+@given(seed=seeds, scale=st.sampled_from([1.0, 4.0, 50.0, 1e3]))
+def test_wrap_angle_matches_numpy_angle(B, seed, scale):
+    x = np.random.default_rng(seed).uniform(-scale * np.pi, scale * np.pi, size=(5, 7))
+    if B.bits == 64 and scale == 1e3:
+        x = x * 1e3  # angles up to ~3e6 rad
+    out = B.check(rot.wrap_angle(B(x)))
+    xe = B.exact(x)
+    pi_b = _pi_of(B)
+    assert ((out > -pi_b) & (out <= pi_b)).all()
+    # error ~ |x| eps (2 pi rounded to the dtype, times the turns removed): the input's own precision
+    eps = np.finfo(B.np_dtype).eps
+    tol = 4 * eps * (np.abs(xe) + np.pi)
+    d = np.abs(wrap(out - _angle_ref(xe)))  # circular: pi and -pi + tiny are neighbours
+    assert (d <= tol).all(), d.max()
+
+
+def test_wrap_angle_keeps_values_inside_and_types():
+    x = np.linspace(-np.pi + 1e-9, np.pi, 1001)
+    np.testing.assert_array_equal(rot.wrap_angle(x), x)  # already inside: untouched
+    assert rot.wrap_angle(np.float32(-np.pi)).dtype == np.float32
+    assert float(rot.wrap_angle(-np.pi)) == np.pi
+    assert rot.wrap_angle(np.zeros((0, 3))).shape == (0, 3)
+    assert np.isnan(rot.wrap_angle(np.array([np.nan, 1.0]))[0])
+    t = torch.tensor([-np.pi, 3 * np.pi, 7.0], dtype=torch.float64)
+    np.testing.assert_allclose(rot.wrap_angle(t).numpy(), rot.wrap_angle(t.numpy()), atol=0)
+
+
+@backends
+@pytest.mark.parametrize("shape", [(4,), (6, 4), (2, 3, 4)])
+def test_wxyz_xyzw_reorder_matches_scipy(B, shape):
+    q = random_quats(60, shape[:-1])
+    xyzw = B.check(rot.quat_wxyz_to_xyzw(B(q)))
+    assert xyzw.shape == shape
+    # scipy reads WXYZ with scalar_first=True and writes XYZW by default (it normalises: same numbers here)
+    ref = Rotation.from_quat(B.exact(q).reshape(-1, 4), scalar_first=True).as_quat().reshape(shape)
+    np.testing.assert_allclose(xyzw, ref, atol=B.tol)
+    back = B.check(rot.quat_xyzw_to_wxyz(B(ref)))
+    ref_back = Rotation.from_quat(B.exact(ref).reshape(-1, 4)).as_quat(scalar_first=True).reshape(shape)
+    np.testing.assert_allclose(back, ref_back, atol=B.tol)
+    # a pure reorder: exact, and the two are inverse
+    np.testing.assert_array_equal(B.check(rot.quat_xyzw_to_wxyz(rot.quat_wxyz_to_xyzw(B(q)))), B.exact(q))
+    np.testing.assert_array_equal(xyzw[..., 3], B.exact(q)[..., 0])
+
+
+def test_wxyz_xyzw_reorder_keeps_any_dtype_and_checks_shape():
+    idx = rot.quat_wxyz_to_xyzw(np.arange(10, 14))  # column indices of a WXYZ block, in XYZW order
+    assert idx.dtype == np.arange(1).dtype and idx.tolist() == [11, 12, 13, 10]
+    assert rot.quat_xyzw_to_wxyz([0.1, 0.2, 0.3, 0.9]).tolist() == [0.9, 0.1, 0.2, 0.3]
+    t = torch.arange(8).reshape(2, 4)
+    assert rot.quat_xyzw_to_wxyz(t).tolist() == [[3, 0, 1, 2], [7, 4, 5, 6]]
+    with pytest.raises(ShapeError):
+        rot.quat_wxyz_to_xyzw(np.zeros((2, 3)))
+    with pytest.raises(ShapeError):
+        rot.quat_xyzw_to_wxyz(torch.zeros(5))
+
+
+@backends
+def test_quat_to_matrix_large_batches_match_scipy(B):
+    """Across the numpy block boundary, with several batch dims, non-unit and non-contiguous input."""
+    n = 2 * rot._MATRIX_BLOCK + 5
+    q = random_quats(61, (n,)) * np.random.default_rng(62).uniform(0.5, 2.0, size=(n, 1))
+    big = np.zeros((n, 8))
+    big[:, ::2] = q  # a strided view of it below
+    src = B(big)[:, ::2]
+    m = B.check(rot.quat_to_matrix(src))
+    ref = Rotation.from_quat(B.exact(q), scalar_first=True).as_matrix()
+    np.testing.assert_allclose(m, ref, atol=4 * B.tol)
+    m3 = B.check(rot.quat_to_matrix(B(q[: 3 * 5 * 7]).reshape(3, 5, 7, 4)))
+    np.testing.assert_array_equal(m3.reshape(-1, 3, 3), m[: 3 * 5 * 7])
+    out = rot.quat_to_matrix(B(q[:10]))
+    assert out.is_contiguous() if B.lib == "torch" else out.flags.c_contiguous
+    # rows are orthonormal with det +1 to the dtype's precision
+    np.testing.assert_allclose(m @ np.swapaxes(m, -1, -2), np.broadcast_to(np.eye(3), m.shape), atol=4 * B.tol)
+    np.testing.assert_allclose(np.linalg.det(m), 1.0, atol=4 * B.tol)
+
+
+def test_quat_to_matrix_torch_gradients():
+    q = torch.tensor(random_quats(63, (5,)), requires_grad=True)
+    rot.quat_to_matrix(q).sum().backward()
+    assert torch.isfinite(q.grad).all()
+    e = torch.tensor(random_quats(64, (5,)), requires_grad=True)
+    rot.quat_to_euler(e, "zyx", extrinsic=False).sum().backward()
+    assert torch.isfinite(e.grad).all()
+
+
+@backends
+@pytest.mark.parametrize("extrinsic", [True, False])
+@pytest.mark.parametrize("order", ["xyz", "zxy", "zyx", "zxz", "yxy"])
+def test_euler_degrees_match_scipy(B, order, extrinsic):
+    q = random_quats(65, (40,))
+    seq = _scipy_seq(order, extrinsic)
+    out = B.check(rot.quat_to_euler(B(q), order, extrinsic=extrinsic, degrees=True))
+    ref = to_scipy(B.exact(q)).as_euler(seq, degrees=True)
+    assert (np.abs((out - ref + 180.0) % 360.0 - 180.0) <= 2000 * B.tol).all()
+    angles = np.random.default_rng(66).uniform(-360, 360, size=(40, 3))
+    qe = B.check(rot.quat_from_euler(B(angles), order, extrinsic=extrinsic, degrees=True))
+    np.testing.assert_allclose(qe, from_scipy(Rotation.from_euler(seq, B.exact(angles), degrees=True)), atol=8 * B.tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_euler_component_major_layout_kept(dtype):
+    """A [4, ...] array seen as (..., 4) is read without a copy and gives component-major angles."""
+    q4 = np.ascontiguousarray(np.moveaxis(random_quats(67, (50, 6)), -1, 0)).astype(dtype)
+    view = np.moveaxis(q4, 0, -1)
+    out = rot.quat_to_euler(view, "xyz", extrinsic=False)
+    assert np.moveaxis(out, -1, 0).flags.c_contiguous
+    np.testing.assert_array_equal(out, rot.quat_to_euler(np.ascontiguousarray(view), "xyz", extrinsic=False))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_euler_half_turns_give_plus_pi(dtype):
+    """Signed zeros in the components never turn a half turn into -pi."""
+    q = np.array([[0.0, 0.0, 0.0, 1.0], [0.0, -0.0, -0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [-0.0, 1.0, -0.0, -0.0]], dtype)
+    for order in ("xyz", "zyx", "zxz"):
+        for extrinsic in (True, False):
+            out = rot.quat_to_euler(q, order, extrinsic=extrinsic)
+            assert (out[..., [0, 2]] > -np.pi).all(), (order, extrinsic, out)

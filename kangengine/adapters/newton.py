@@ -314,7 +314,7 @@ class NewtonMotionAdapter:
             problems.append(f"body {name!r}: parent {got_parent!r} in Newton, {want_parent!r} in the layout")
         xp = np.asarray(get["joint_X_p"][j], dtype=np.float64)
         xc = np.asarray(get["joint_X_c"][j], dtype=np.float64)
-        rot_c = _wxyz(xc[3:7])
+        rot_c = R.quat_xyzw_to_wxyz(xc[3:7])
         if jt == _NT_FREE:
             if not (
                 np.allclose(xp[:3], 0, atol=atol)
@@ -332,7 +332,7 @@ class NewtonMotionAdapter:
                     f"body {name!r}: ball joint_X_c has a rotation; the layout's ball quaternion is in the body frame"
                 )
             # rest transform joint_X_p * joint_X_c^-1 == parent_from_body at the model pose
-            rest_r = R.quat_multiply(_wxyz(xp[3:7]), R.quat_conjugate(rot_c))
+            rest_r = R.quat_multiply(R.quat_xyzw_to_wxyz(xp[3:7]), R.quat_conjugate(rot_c))
             rest_p = xp[:3] - R.quat_rotate(rest_r, xc[:3])
             if not np.allclose(rest_p, lay.rest_positions[bi], atol=atol):
                 problems.append(
@@ -402,11 +402,6 @@ def _fmt(v) -> list[float]:
     return [round(float(x), 6) + 0.0 for x in np.asarray(v).reshape(-1)]
 
 
-def _wxyz(xyzw):
-    x = np.asarray(xyzw, dtype=np.float64)
-    return np.array([x[3], x[0], x[1], x[2]])
-
-
 def _is_identity(xyzw, atol) -> bool:
     return abs(abs(float(xyzw[3])) - 1.0) < atol
 
@@ -438,7 +433,7 @@ def _xyzw_map(layout, cmap: C.ColumnMap) -> C.ColumnMap:
         if b.joint_type in (JointType.FREE, JointType.BALL):
             start = b.q_offset + (3 if b.joint_type is JointType.FREE else 0)
             k = int(cmap.q_inverse[start])
-            qi[k : k + 4] = [start + 1, start + 2, start + 3, start]
+            qi[k : k + 4] = R.quat_wxyz_to_xyzw(np.arange(start, start + 4))
     qinv = np.empty_like(qi)
     qinv[qi] = np.arange(qi.size)
     for a in (qi, qinv):

@@ -248,7 +248,7 @@ class PhysXMotionAdapter:
         if self._free is None:
             lay = self.layout
             rp = np.broadcast_to(lay.rest_positions[0].astype(dt), (n, 3)).copy()
-            rr = np.broadcast_to(lay.rest_rotations_wxyz[0][[1, 2, 3, 0]].astype(dt), (n, 4)).copy()
+            rr = np.broadcast_to(R.quat_wxyz_to_xyzw(lay.rest_rotations_wxyz[0]).astype(dt), (n, 4)).copy()
             return rp, rr, np.zeros((n, 3), dt), np.zeros((n, 3), dt)
         o, v = self._free.q_offset, self._free.qd_offset
         quat = R.quat_normalize(q[:, o + 3 : o + 7])
@@ -256,7 +256,7 @@ class PhysXMotionAdapter:
         v_com = qd[:, v : v + 3] + np.cross(w, R.quat_rotate(quat, self._root_com.astype(dt)))
         return (
             np.ascontiguousarray(q[:, o : o + 3]),
-            np.ascontiguousarray(quat[:, [1, 2, 3, 0]]),
+            R.quat_wxyz_to_xyzw(quat),
             np.ascontiguousarray(v_com),
             np.ascontiguousarray(w),
         )
@@ -328,7 +328,7 @@ class PhysXMotionAdapter:
         qd = np.zeros((n, lay.nv), dtype=dt)
         if self._free is not None:
             o, v = self._free.q_offset, self._free.qd_offset
-            quat = R.quat_normalize(rr[:, [3, 0, 1, 2]])
+            quat = R.quat_normalize(R.quat_xyzw_to_wxyz(rr))
             q[:, o : o + 3] = rp
             q[:, o + 3 : o + 7] = quat
             qd[:, v + 3 : v + 6] = rw

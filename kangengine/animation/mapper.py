@@ -175,16 +175,6 @@ class _RotMat:
         return tuple(_dot(tuple(self(i, j) if a[i] != 0.0 else 0.0 for i in range(3)), a) for j in range(3))
 
 
-def _wrap(x):
-    """Angles into [-pi, pi] (numpy, in place safe)."""
-    return x - _TWO_PI * np.rint(x / _TWO_PI)
-
-
-def _quat_angle_wxyz(w, x, y, z):
-    """Geodesic rotation angle of (w, x, y, z) components, accurate near 0 and pi."""
-    return 2.0 * np.arctan2(np.sqrt(x * x + y * y + z * z), np.abs(w))
-
-
 # ------------------------------------------------------------------------------------------------
 # generic hinge chains (rare structures; also residuals after clamping)
 # ------------------------------------------------------------------------------------------------
@@ -209,7 +199,7 @@ def _chain_quat(axes: np.ndarray, theta: np.ndarray) -> np.ndarray:
 def _chain_residual(J: np.ndarray, axes: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """Angle ``[...]`` between ``J [..., 4]`` and the chain's rotation at ``theta [..., n]``."""
     E = R.quat_multiply(R.quat_conjugate(_chain_quat(axes, theta)), J)
-    return _quat_angle_wxyz(E[..., 0], E[..., 1], E[..., 2], E[..., 3])
+    return R.quat_angle(E)
 
 
 def _chain_gauss_newton(
@@ -324,18 +314,13 @@ class _Davenport:
         self.x3 = (_snapv(d12 * a2), _snapv(a1 - d12 * a2), _snapv(-np.cross(a2, a1)))
         self.complete = abs(d12) < 1e-9 and abs(d23) < 1e-9
         self.degenerate = self.rho < 1e-6
-        # axes +-e_i, +-e_j, +-e_k: intrinsic Euler angles of J in closed form from quaternion components
+        # axes +-e_i, +-e_j, +-e_k: the intrinsic Euler angles of J (rotations.quat_to_euler, order "ijk")
+        # times the axis signs
         basis = [int(np.argmax(np.abs(a))) for a in (self.a1, self.a2, self.a3)]
         self.euler = None
         if self.complete and all(sum(c != 0.0 for c in a) == 1 for a in self.axes):
             signs = tuple(float(a[i]) for a, i in zip(self.axes, basis))
-            i, j, k = basis
-            k, i = i, k  # intrinsic order: the extrinsic formulas with first and last swapped
-            symmetric = i == k
-            if symmetric:
-                k = 3 - i - j
-            perm_sign = float((i - j) * (j - k) * (k - i) // 2)
-            self.euler = (i, j, k, symmetric, perm_sign, signs)
+            self.euler = ("".join("xyz"[i] for i in basis), signs)
 
 
 def _solve_hinge1(axis, comps):
@@ -345,7 +330,7 @@ def _solve_hinge1(axis, comps):
     t = _dot(v, axis)
     perp = tuple(_sub(v[i], _mul(t, axis[i])) for i in range(3))
     pn = _arr(_dot(perp, perp), w)
-    angle = _wrap(2.0 * np.arctan2(_arr(t, w), w))
+    angle = R.wrap_angle(2.0 * np.arctan2(_arr(t, w), w))
     residual = 2.0 * np.arctan2(np.sqrt(pn), np.sqrt(w * w + t * t))
     return angle, residual
 
@@ -369,8 +354,8 @@ def _solve_hinge2(axes, comps):
     H = 0.5 * (m10 - m01)
     ag = np.arctan2(G, F)
     ah = np.arctan2(H, E)
-    t1 = _wrap(ah + ag)
-    t2 = _wrap(ag - ah)
+    t1 = R.wrap_angle(ah + ag)
+    t2 = R.wrap_angle(ag - ah)
     if d12 == 0.0:  # orthonormal basis {1, a1, a2, a1 a2}: sx^2 + sy^2 = |J|^2
         Q = np.sqrt(E * E + H * H)
         Rr = np.sqrt(F * F + G * G)
@@ -424,39 +409,23 @@ def _davenport_core(dv: _Davenport, comps, signs):
             th = np.stack([t1.reshape(-1)[lock], t2.reshape(-1)[lock]], axis=-1).astype(np.float64)
             K = R.quat_multiply(R.quat_conjugate(_chain_quat(axes[:2], th)), J)
             t3.reshape(-1)[lock] = 2.0 * np.arctan2(K[:, 1:] @ axes[2], K[:, 0])
-            t3 = _wrap(t3)
+            t3 = R.wrap_angle(t3)
         out.append((t1, t2, t3))
     return out, alpha
 
 
-def _euler_core(dv: _Davenport, comps):
-    """Branch 0 of a 3-hinge body with axes ``+-e_i, +-e_j, +-e_k`` (Tait-Bryan or proper Euler): the
-    intrinsic Euler angles of ``J`` by the quaternion closed form of Bernardes & Viollet (2022), times the
-    axis signs. Scale-invariant (``J`` need not be unit); exact at gimbal lock. Returns ``(t1, t2, t3)``
-    with ``t1``, ``t3`` in [-pi, pi]."""
-    i, j, k, symmetric, perm_sign, signs = dv.euler
-    w = comps[0]
-    qi, qj, qk = comps[i + 1], comps[j + 1], comps[k + 1]
-    if perm_sign < 0:
-        qk = -qk
-    if symmetric:
-        a, b, c, d = w, qi, qj, qk
-    else:
-        a, b, c, d = w - qj, qi + qk, qj + w, qk - qi
-    middle = np.arctan2(np.sqrt(c * c + d * d), np.sqrt(a * a + b * b))
-    middle *= 2.0
-    half_sum = np.arctan2(b, a)
-    half_diff = np.arctan2(d, c)
-    e3 = half_sum - half_diff
-    e1 = half_sum + half_diff
-    if not symmetric:
-        if perm_sign < 0:
-            e1 = -e1
-        middle -= 0.5 * np.pi
-    out = []
-    for sg, e in zip(signs, (e1, middle, e3)):
-        out.append(e if sg > 0 else -e)
-    return _wrap(out[0]), out[1], _wrap(out[2])
+def _euler_angles(dv: _Davenport, Lg: np.ndarray):
+    """Branch 0 of a 3-hinge body with axes ``+-e_i, +-e_j, +-e_k`` (Tait-Bryan or proper Euler): the intrinsic
+    Euler angles of ``J`` (:func:`~kangengine.rotations.quat_to_euler`, the quaternion closed form of Bernardes &
+    Viollet 2022) times the axis signs. ``Lg [4, ...]`` component-major (read without a copy); ``J`` need not be
+    unit. Returns contiguous ``(t1, t2, t3)`` with ``t1``, ``t3`` in [-pi, pi]."""
+    order, signs = dv.euler
+    angles = R.quat_to_euler(np.moveaxis(Lg, 0, -1), order, extrinsic=False)  # keeps Lg's component-major layout
+    out = tuple(np.moveaxis(angles, -1, 0))
+    for t, sg in zip(out, signs):
+        if sg < 0:
+            np.negative(t, out=t)
+    return out
 
 
 def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
@@ -466,7 +435,7 @@ def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
     branches, _ = _davenport_core(dv, comps, (-1.0, 1.0))
     for br, (t1, t2, t3) in enumerate(branches):
         theta_out[br, ..., 0] = t1
-        theta_out[br, ..., 1] = _wrap(t2)
+        theta_out[br, ..., 1] = R.wrap_angle(t2)
         theta_out[br, ..., 2] = t3
     if not dv.complete:
         J = np.stack(comps, axis=-1).astype(np.float64)
@@ -479,7 +448,7 @@ def _solve_davenport(dv: _Davenport, comps, theta_out, res_out):
             if bad.any():
                 th[bad] = _chain_gauss_newton(J[bad], axes, th[bad])
                 r[bad] = _chain_residual(J[bad], axes, th[bad])
-            theta_out[br] = _wrap(th)
+            theta_out[br] = R.wrap_angle(th)
             res_out[br] = r
 
 
@@ -539,7 +508,7 @@ def _solve_chain(J: np.ndarray, axes: np.ndarray) -> list[tuple[np.ndarray, np.n
         if bad.any():
             th[bad] = _chain_gauss_newton(J[bad], axes, th[bad], iters=20, reg=_CHAIN_REG)
             res[bad] = _chain_residual(J[bad], axes, th[bad])
-        out.append((_wrap(th), res))
+        out.append((R.wrap_angle(th), res))
     return out
 
 
@@ -894,7 +863,7 @@ class ArticulationMotionMapper:
         if self._none_bodies:
             idx = np.array(self._none_bodies)
             J = self._joint_rotation(L, idx)
-            residual[:, idx] = _quat_angle_wxyz(J[..., 0], J[..., 1], J[..., 2], J[..., 3])
+            residual[:, idx] = R.quat_angle(J)
         if len(self._hinge_q):
             self._solve_hinges(L, q, residual, time_axis)  # checks every quaternion on the way
         else:
@@ -931,14 +900,14 @@ class ArticulationMotionMapper:
         first = np.where(quat[:1, ..., :1] < 0, -1.0, 1.0).astype(quat.dtype)
         return R.quat_hemisphere_continuity(quat * first, axis=0)
 
-    def _group_comps(self, g: _Group, Lt: np.ndarray):
-        """Joint rotations of the group's bodies as 4 contiguous ``[m, k]`` arrays, from a block
-        ``Lt [4, m, B]`` of local rotations."""
+    def _group_comps(self, g: _Group, Lt: np.ndarray) -> np.ndarray:
+        """Joint rotations ``[4, m, k]`` (C-contiguous, so each component ``[m, k]`` is contiguous) of the
+        group's bodies, from a block ``Lt [4, m, B]`` of local rotations."""
         Lg = Lt[:, :, g.bodies]
         if not self._group_rest_identity[id(g)]:
             r = self._rest_inv[g.bodies].T.astype(Lt.dtype)  # [4, k]
             Lg = np.stack(_qmul_comps(tuple(r), tuple(Lg)))
-        return tuple(Lg)
+        return Lg
 
     def _solve_hinges(self, L: np.ndarray, q: np.ndarray, residual: np.ndarray, time_axis: bool):
         """Hinge angles of every group into ``q``'s hinge columns (in place).
@@ -970,7 +939,8 @@ class ArticulationMotionMapper:
             Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
             self._check_nonzero(Lt, s)
             for g in self._groups:
-                comps = self._group_comps(g, Lt)
+                Lg = self._group_comps(g, Lt)
+                comps = tuple(Lg)
                 qcols = hq[g.hinge_cols]
                 if g.kind == _HINGE1:
                     t, r = _solve_hinge1(g.axes[0], comps)
@@ -995,7 +965,7 @@ class ArticulationMotionMapper:
                             th2[br, s:e] = th.reshape(e - s, k, n)
                             res2[br, s:e] = r.reshape(e - s, k)
                 elif g.complete:
-                    self._fast_block(g, comps, q, s, e, cross[id(g)], dcost[id(g)], carry, time_axis)
+                    self._fast_block(g, Lg, q, s, e, cross[id(g)], dcost[id(g)], carry, time_axis)
                 else:
                     th, res = both[id(g)]
                     _solve_davenport(self._davenport[g.axes], comps, th[:, s:e], res[:, s:e])
@@ -1016,22 +986,23 @@ class ArticulationMotionMapper:
             residual[:, g.bodies] = r
         self._place_hinges(q, fast, use_b1, time_axis)
 
-    def _fast_block(self, g, comps, q, s, e, cross, dcost, carry, time_axis):
-        """Branch 0 of a complete 3-hinge group for frames ``s:e`` into ``q``, the cost difference of the
-        two branches into ``dcost`` and the crossing flags into ``cross`` (with a carry across blocks)."""
+    def _fast_block(self, g, Lg, q, s, e, cross, dcost, carry, time_axis):
+        """Branch 0 of a complete 3-hinge group (joint rotations ``Lg [4, m, k]``) for frames ``s:e`` into
+        ``q``, the cost difference of the two branches into ``dcost`` and the crossing flags into ``cross``
+        (with a carry across blocks)."""
         dv = self._davenport[g.axes]
         if dv.euler is not None:
-            t1, t2, t3 = _euler_core(dv, comps)
+            t1, t2, t3 = _euler_angles(dv, Lg)
             alpha = None  # |t2 - phi|: branch 0 keeps t2 on one side of phi; computed when needed
         else:
-            ((t1, t2, t3),), alpha = _davenport_core(dv, comps, (-1.0,))
-            t2 = _wrap(t2)
+            ((t1, t2, t3),), alpha = _davenport_core(dv, tuple(Lg), (-1.0,))
+            t2 = R.wrap_angle(t2)
         qcols = self._hinge_q[g.hinge_cols]
         q[s:e, qcols[:, 0]] = t1
         q[s:e, qcols[:, 1]] = t2
         q[s:e, qcols[:, 2]] = t3
         cols = g.hinge_cols
-        t2b = _wrap(2.0 * dv.phi - t2)  # branch 1: (t1 - pi sign(t1), 2 phi - t2, t3 - pi sign(t3))
+        t2b = R.wrap_angle(2.0 * dv.phi - t2)  # branch 1: (t1 - pi sign(t1), 2 phi - t2, t3 - pi sign(t3))
         if self._group_narrow[id(g)]:
             c0 = self._angle_cost(cols[:, 0], t1) + self._angle_cost(cols[:, 1], t2) + self._angle_cost(cols[:, 2], t3)
             c1 = self._angle_cost(cols[:, 0], t1 - np.copysign(np.pi, t1)) + self._angle_cost(cols[:, 1], t2b)
@@ -1051,13 +1022,16 @@ class ArticulationMotionMapper:
         prev = carry.get(id(g))
         # pairing: crossed < straight  <=>  |d1| + |d3| > pi + (ga^2 - da^2) / (2 pi), which needs
         # |d1| + |d3| > pi / 2 at least (ga^2 - da^2 >= -pi^2): most blocks skip the rest
-        d13 = _abs_wrapped(_step(t1, None if prev is None else prev[0]))
-        d13 += _abs_wrapped(_step(t3, None if prev is None else prev[2]))
+        d13 = R.wrap_angle(_step(t1, None if prev is None else prev[0]))
+        d3 = R.wrap_angle(_step(t3, None if prev is None else prev[2]))
+        np.abs(d13, out=d13)
+        np.abs(d3, out=d3)
+        d13 += d3
         if prev is None:
             d13[0] = 0.0
         if (d13 > 0.5 * np.pi).any():
             if alpha is None:
-                alpha = np.abs(_wrap(t2 - dv.phi))
+                alpha = np.abs(R.wrap_angle(t2 - dv.phi))
             da = _step(alpha, None if prev is None else prev[1])
             ga = 2.0 * alpha - da  # alpha_t + alpha_t-1, wrapped below
             ga = np.minimum(ga, _TWO_PI - ga)
@@ -1066,7 +1040,7 @@ class ArticulationMotionMapper:
             rhs *= 0.5 / np.pi
             rhs += np.pi
             cross[s:e] = d13 > rhs
-        a_last = alpha[-1].copy() if alpha is not None else np.abs(_wrap(t2[-1] - dv.phi))
+        a_last = alpha[-1].copy() if alpha is not None else np.abs(R.wrap_angle(t2[-1] - dv.phi))
         carry[id(g)] = (t1[-1].copy(), a_last, t3[-1].copy())
 
     def _angle_cost(self, cols, theta):
@@ -1088,9 +1062,9 @@ class ArticulationMotionMapper:
         cols = g.hinge_cols
         qv = theta + self._hinge_ref[cols]
         c = self._hinge_center[cols]
-        qv = c + _wrap(qv - c)
+        qv = c + R.wrap_angle(qv - c)
         viol = np.maximum(self._hinge_lo[cols] - qv, 0.0) + np.maximum(qv - self._hinge_hi[cols], 0.0)
-        return (viol + _COST_ANGLE_WEIGHT * np.abs(_wrap(theta))).sum(axis=-1)
+        return (viol + _COST_ANGLE_WEIGHT * np.abs(R.wrap_angle(theta))).sum(axis=-1)
 
     def _pick_branch(self, g: _Group, theta, res, time_axis: bool):
         """Choose per body (and frame) one of the two Davenport branches ``theta [2, N, k, 3]``."""
@@ -1103,7 +1077,7 @@ class ArticulationMotionMapper:
             # branches straight (0-0, 1-1) or crossed (0-1, 1-0), whichever pairing is closer in total;
             # the parity of crossings says which branch each track is on (vectorised, no frame loop).
             def dist(a, b):
-                return np.square(_wrap(a - b)).sum(axis=-1)
+                return np.square(R.wrap_angle(a - b)).sum(axis=-1)
 
             t0, t1 = theta[0], theta[1]
             straight = dist(t0[1:], t0[:-1]) + dist(t1[1:], t1[:-1])
@@ -1152,7 +1126,7 @@ class ArticulationMotionMapper:
                     t = T[:, cols[:, i]]
                     T[:, cols[:, i]] = np.where(sel, t - np.copysign(np.pi, t), t)
                 t = T[:, cols[:, 1]]
-                T[:, cols[:, 1]] = np.where(sel, _wrap(2.0 * dv.phi - t), t)
+                T[:, cols[:, 1]] = np.where(sel, R.wrap_angle(2.0 * dv.phi - t), t)
             if not time_axis:
                 qv = T + ref
                 q[s:e, cols_q] = qv - _TWO_PI * np.rint((qv - center) / _TWO_PI)
@@ -1248,9 +1222,3 @@ def _qmul_comps(a, b):
         aw * by - ax * bz + ay * bw + az * bx,
         aw * bz + ax * by - ay * bx + az * bw,
     )
-
-
-def _abs_wrapped(x):
-    """``|wrap(x)|`` for ``x`` in [-2 pi, 2 pi] (differences of angles in [-pi, pi])."""
-    a = np.abs(x)
-    return np.minimum(a, _TWO_PI - a, out=a)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import rotations as R
 from ..errors import FileMissingError, FormatError, TopologyError
 from .desc import (
     ArticulationDesc,
@@ -36,17 +37,6 @@ from .desc import (
 from .topology import check_order
 
 __all__ = ["MJCFLoader"]
-
-
-def _quat_to_matrix(q: np.ndarray) -> np.ndarray:
-    w, x, y, z = q / np.linalg.norm(q)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 class MJCFLoader:
@@ -181,7 +171,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
 
     bodies = []
     for i in range(1, m.nbody):
-        rot = _quat_to_matrix(np.asarray(m.body_iquat[i], dtype=np.float64))
+        rot = R.quat_to_matrix(np.asarray(m.body_iquat[i], dtype=np.float64))
         inertia = rot @ np.diag(m.body_inertia[i]) @ rot.T
         bodies.append(
             BodyDesc(

@@ -20,6 +20,7 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from .. import rotations as R
 from ..errors import FileMissingError, FormatError, TopologyError, UnsupportedJointError
 from .desc import ArticulationDesc, BodyDesc, GeomDesc, GeomType, JointDesc, JointType, MimicDesc
 from .topology import body_order, check_order
@@ -33,31 +34,6 @@ _JTYPES = {
     "fixed": JointType.FIXED,
     "floating": JointType.FREE,
 }
-
-
-def _rpy_to_quat(rpy) -> np.ndarray:
-    r, p, y = (0.5 * float(a) for a in rpy)
-    cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
-    # q = qz(yaw) * qy(pitch) * qx(roll)
-    return np.array(
-        [
-            cy * cp * cr + sy * sp * sr,
-            cy * cp * sr - sy * sp * cr,
-            cy * sp * cr + sy * cp * sr,
-            sy * cp * cr - cy * sp * sr,
-        ]
-    )
-
-
-def _quat_to_matrix(q) -> np.ndarray:
-    w, x, y, z = q
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 class _Reader:
@@ -103,7 +79,7 @@ class _Reader:
             return np.zeros(3), np.array([1.0, 0.0, 0.0, 0.0])
         return (
             self.floats(o, "xyz", 3, (0, 0, 0), what=what + "/origin"),
-            _rpy_to_quat(self.floats(o, "rpy", 3, (0, 0, 0), what=what + "/origin")),
+            R.quat_from_euler(self.floats(o, "rpy", 3, (0, 0, 0), what=what + "/origin"), "xyz", extrinsic=True),
         )
 
 
@@ -305,7 +281,7 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
                     [vals["ixz"], vals["iyz"], vals["izz"]],
                 ]
             )
-            rot = _quat_to_matrix(iq)
+            rot = R.quat_to_matrix(iq)
             inertia = rot @ local @ rot.T
         k = 0
         for col in el.findall("collision"):

@@ -151,7 +151,7 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
     norms = np.linalg.norm(rot, axis=-1)
     if (norms < 1e-6).any():
         raise FormatError("holds zero-length quaternions", path=path, item="rotation")
-    wxyz = R.quat_normalize(np.ascontiguousarray(rot[..., [3, 0, 1, 2]]))
+    wxyz = R.quat_normalize(R.quat_xyzw_to_wxyz(rot))
     is_local = d.get("is_local", True)
     if isinstance(is_local, np.ndarray):
         is_local = bool(is_local)

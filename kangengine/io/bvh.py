@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import conventions as axes
+from .. import rotations as R
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
 
@@ -421,71 +422,21 @@ def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=
 # ------------------------------------------------------------------------------------------------------
 
 
-def _m(a, b):
-    return None if a is None or b is None else a * b
+def _channel_quats(angles_deg: np.ndarray, order: str, out_axes: dict[str, int]) -> np.ndarray:
+    """WXYZ ``[..., 4]`` of ``R = R_{order[0]} @ R_{order[1]} @ ...`` (intrinsic, the BVH reading).
 
-
-def _p(a, b):
-    return b if a is None else (a if b is None else a + b)
-
-
-def _n(a, b):
-    if b is None:
-        return a
-    return -b if a is None else a - b
-
-
-def _euler_deg_to_quat(angles_deg: np.ndarray, order: str, out_axes: dict[str, int]) -> list:
-    """WXYZ components of ``R = R_{order[0]} @ R_{order[1]} @ ...``.
-
-    ``angles_deg``: ``[len(order), ...]`` degrees (one contiguous block per channel). ``out_axes`` maps
-    each file axis letter to the output axis index (identity, or the Y-up -> Z-up permutation). Returns four
-    arrays of shape ``angles_deg.shape[1:]``. Zero components are tracked symbolically (``None``), so
-    an elementary rotation costs only the products it needs."""
-    half = angles_deg * np.asarray(math.pi / 360.0, dtype=angles_deg.dtype)
-    c = np.cos(half)
-    s = np.sin(half)
-    q = [c[0], None, None, None]
-    q[1 + out_axes[order[0]]] = s[0]
-    for k in range(1, len(order)):
-        ck, sk = c[k], s[k]
-        w, x, y, z = q
-        a = out_axes[order[k]]
-        # q * (cos, sin * e_a): w' = w c - s v_a, v' = w s e_a + c v + s (v x e_a)
-        if a == 0:
-            q = [_n(_m(w, ck), _m(x, sk)), _p(_m(w, sk), _m(x, ck)), _p(_m(y, ck), _m(z, sk)), _n(_m(z, ck), _m(y, sk))]
-        elif a == 1:
-            q = [_n(_m(w, ck), _m(y, sk)), _n(_m(x, ck), _m(z, sk)), _p(_m(w, sk), _m(y, ck)), _p(_m(z, ck), _m(x, sk))]
-        else:
-            q = [_n(_m(w, ck), _m(z, sk)), _p(_m(x, ck), _m(y, sk)), _n(_m(y, ck), _m(x, sk)), _p(_m(w, sk), _m(z, ck))]
-    return q
+    ``angles_deg``: ``[..., len(order)]`` degrees, 1 to 3 distinct file axes (``"ZXY"``); ``out_axes`` maps each
+    file axis letter to its output axis (identity, or the Y-up -> Z-up cyclic permutation, a rotation, so each
+    elementary rotation keeps its angle). Fewer than three channels are padded with the missing axes at 0."""
+    letters = "".join("xyz"[out_axes[o]] for o in order)
+    if len(letters) < 3:
+        pad = 3 - len(letters)
+        letters += "".join(c for c in "xyz" if c not in letters)[:pad]
+        angles_deg = np.concatenate([angles_deg, np.zeros(angles_deg.shape[:-1] + (pad,), angles_deg.dtype)], -1)
+    return R.quat_from_euler(angles_deg, letters, extrinsic=False, degrees=True)
 
 
 _EULER_CHUNK = 512
-_EVEN = {(0, 1, 2), (1, 2, 0), (2, 0, 1)}
-
-
-def _euler3_deg_to_quat(angles_deg: np.ndarray, order: str, out_axes: dict[str, int]) -> np.ndarray:
-    """WXYZ ``[..., 4]`` of ``R = R_a(alpha) @ R_b(beta) @ R_c(gamma)`` for three distinct axes (closed form).
-
-    ``angles_deg``: ``[..., 3]`` degrees in ``order``; ``out_axes`` maps file axis letters to output axes. With
-    ``e = +1`` for an even permutation of (x, y, z) and -1 for an odd one:
-    ``w = ca cb cc - e sa sb sc``, ``v_a = sa cb cc + e ca sb sc``, ``v_b = ca sb cc - e sa cb sc``,
-    ``v_c = ca cb sc + e sa sb cc`` (half angles)."""
-    a, b, c = (out_axes[o] for o in order)
-    e = 1.0 if (a, b, c) in _EVEN else -1.0
-    half = angles_deg * np.asarray(math.pi / 360.0, dtype=angles_deg.dtype)
-    cs, sn = np.cos(half), np.sin(half)
-    ca, cb, cc = cs[..., 0], cs[..., 1], cs[..., 2]
-    sa, sb, sc = sn[..., 0], sn[..., 1], sn[..., 2]
-    cbcc, sbsc, sbcc, cbsc = cb * cc, sb * sc, sb * cc, cb * sc
-    out = np.empty(ca.shape + (4,), dtype=angles_deg.dtype)
-    plus, minus = (np.add, np.subtract) if e > 0 else (np.subtract, np.add)
-    minus(ca * cbcc, sa * sbsc, out=out[..., 0])
-    plus(sa * cbcc, ca * sbsc, out=out[..., 1 + a])
-    minus(ca * sbcc, sa * cbsc, out=out[..., 1 + b])
-    plus(ca * cbsc, sa * sbcc, out=out[..., 1 + c])
-    return out
 
 
 class _Layout:
@@ -528,13 +479,7 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
         for order, idx, cols in groups:
             # float32 trig is SIMD-vectorised (~40x faster than float64 here)
             ang = v[:, cols].astype(rot_dtype, copy=False)  # [n, J, k] degrees
-            if len(order) == 3:
-                rot[s0 : s0 + _EULER_CHUNK, idx] = _euler3_deg_to_quat(ang, order, out_axes)
-            else:
-                comps = _euler_deg_to_quat(np.moveaxis(ang, -1, 0), order, out_axes)
-                rot[s0 : s0 + _EULER_CHUNK, idx] = np.stack(
-                    [np.zeros_like(ang[..., 0]) if c is None else c for c in comps], axis=-1
-                )
+            rot[s0 : s0 + _EULER_CHUNK, idx] = _channel_quats(ang, order, out_axes)
     lt = None
     root_t = np.broadcast_to(offsets[0], (nf, 3))
     if any(i != 0 for i, _ in layout.pos_nodes):
@@ -819,7 +764,6 @@ def save_bvh(path, motion, *, rotation_order: str = "ZYX", up_axis: str = "y", u
         per_unit = 1.0 / BVH_LENGTH_UNITS[units]
     else:
         per_unit = 1.0 / float(units)
-    from .. import rotations as R
 
     m = motion.numpy()
     tree = m.tree
@@ -856,7 +800,7 @@ def save_bvh(path, motion, *, rotation_order: str = "ZYX", up_axis: str = "y", u
 
     # columns: per joint [pos(3)] + rot(3)
     joints = [i for i in range(n) if not is_end[i]]
-    angles = np.degrees(R.quat_to_euler(q[:, joints], order.lower(), extrinsic=False))  # [F, J, 3] letter order
+    angles = R.quat_to_euler(q[:, joints], order.lower(), extrinsic=False, degrees=True)  # [F, J, 3] letter order
     angles = np.unwrap(angles, axis=0, period=360.0)  # continuous curves; the rotations are unchanged
     blocks = []
     for k, i in enumerate(joints):

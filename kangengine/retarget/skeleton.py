@@ -349,7 +349,7 @@ class RetargetConfig:
             beg, end = int(d.get("trim_frame_beg", -1)), int(d.get("trim_frame_end", -1))
             kw = dict(
                 joint_mapping=d["joint_mapping"],
-                rotation_wxyz=[xyzw[3], *xyzw[:3]],
+                rotation_wxyz=R.quat_xyzw_to_wxyz(xyzw),
                 scale=float(d["scale"]),
                 root_height_offset=float(d.get("root_height_offset", 0.0)),
                 name=p.stem,
@@ -652,10 +652,6 @@ def _hinge_plan(art: _Articulation, mapped: np.ndarray) -> list[_HingeStep]:
     return steps
 
 
-def _wrap(x):
-    return (x + np.pi) % (2 * np.pi) - np.pi
-
-
 def _project_hinge(G: np.ndarray, art: _Articulation, st: _HingeStep) -> None:
     """In place on world rotations ``G [T, N, 4]``: see ``RetargetConfig.project_hinges``."""
     rest = art.quat[st.body]
@@ -674,11 +670,11 @@ def _project_hinge(G: np.ndarray, art: _Articulation, st: _HingeStep) -> None:
         return
     c = np.clip((v_body @ u_b - C) / rho, -1.0, 1.0)
     base, delta = math.atan2(B, A), np.arccos(c)
-    th = np.stack([_wrap(base + delta), _wrap(base - delta)], axis=-1)  # [T, 2]: both bends that reach
+    th = np.stack([R.wrap_angle(base + delta), R.wrap_angle(base - delta)], axis=-1)  # [T, 2]: both bends that reach
     _, twist = R.quat_swing_twist(J, a)
     th0 = 2 * np.arctan2(twist[..., 1:] @ a, twist[..., 0])  # the plain swing-twist answer
     outside = np.maximum(st.lo - th, 0) + np.maximum(th - st.hi, 0)
-    cost = outside * 1e3 + np.abs(_wrap(th - _wrap(th0)[:, None]))
+    cost = outside * 1e3 + np.abs(R.wrap_angle(th - R.wrap_angle(th0)[:, None]))
     pick = th[np.arange(len(th)), np.argmin(cost, axis=1)]
     Jn = R.quat_from_axis_angle(a, pick)
     w = R.quat_rotate(rest, R.quat_rotate(Jn, d))  # child bone with the hinge, parent frame
