@@ -247,16 +247,24 @@ def _check_matrix(m, func: str, name: str) -> None:
 
 
 def _mul(ops, a, b):
+    """Hamilton product. numpy: the result takes the memory layout of the argument of the full
+    broadcast shape (``b`` first; numpy's ``order="K"``), so component-major views stay component-major."""
     aw, ax, ay, az = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
     bw, bx, by, bz = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
-    return ops.stack(
-        [
-            aw * bw - ax * bx - ay * by - az * bz,
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-        ]
+    comps = (
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
     )
+    if ops.is_torch:
+        return ops.stack(comps)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    like = next((x for x in (b, a) if x.shape == shape), None)
+    out = np.empty(shape, dtype=np.result_type(a, b)) if like is None else np.empty_like(like)
+    for n, c in enumerate(comps):
+        out[..., n] = c
+    return out
 
 
 def _conj(ops, q):
@@ -325,6 +333,9 @@ def quat_multiply(a, b):
 
     Returns:
         ``(..., 4)`` WXYZ quaternions (not renormalised), same type, dtype and device as the input.
+        numpy: the memory layout of the argument with the full broadcast shape is kept (numpy's
+        ``order="K"``, ``b`` first): C-contiguous for ordinary input, component-major for a
+        component-major view (``np.moveaxis(q_4xN, 0, -1)``).
     """
     ops, a, b = _coerce(a, b)
     _check_last(a, 4, "quat_multiply", "a")

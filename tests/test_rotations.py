@@ -926,3 +926,16 @@ def test_euler_half_turns_give_plus_pi(dtype):
         for extrinsic in (True, False):
             out = rot.quat_to_euler(q, order, extrinsic=extrinsic)
             assert (out[..., [0, 2]] > -np.pi).all(), (order, extrinsic, out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_multiply_keeps_component_major_layout(dtype):
+    """The mapper multiplies [4, frames, bodies] blocks seen as (frames, bodies, 4): no copies."""
+    b4 = np.ascontiguousarray(np.moveaxis(random_quats(68, (30, 5)), -1, 0)).astype(dtype)
+    a = random_quats(69, (5,)).astype(dtype)
+    out = rot.quat_multiply(a, np.moveaxis(b4, 0, -1))
+    assert np.moveaxis(out, -1, 0).flags.c_contiguous
+    np.testing.assert_array_equal(out, rot.quat_multiply(a, np.ascontiguousarray(np.moveaxis(b4, 0, -1))))
+    ref = from_scipy(to_scipy(a) * to_scipy(np.moveaxis(b4, 0, -1).astype(np.float64)))
+    assert quat_dist(out, ref).max() <= (2e-6 if dtype == np.float32 else 1e-12)
+    assert rot.quat_multiply(random_quats(70, (3, 4)), a[0]).flags.c_contiguous  # plain input: C order

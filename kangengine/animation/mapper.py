@@ -905,8 +905,9 @@ class ArticulationMotionMapper:
         group's bodies, from a block ``Lt [4, m, B]`` of local rotations."""
         Lg = Lt[:, :, g.bodies]
         if not self._group_rest_identity[id(g)]:
-            r = self._rest_inv[g.bodies].T.astype(Lt.dtype)  # [4, k]
-            Lg = np.stack(_qmul_comps(tuple(r), tuple(Lg)))
+            r = self._rest_inv[g.bodies].astype(Lt.dtype)  # [k, 4]
+            # quat_multiply keeps the component-major layout of the (m, k, 4) view: no copy either way
+            Lg = np.moveaxis(R.quat_multiply(r, np.moveaxis(Lg, 0, -1)), -1, 0)
         return Lg
 
     def _solve_hinges(self, L: np.ndarray, q: np.ndarray, residual: np.ndarray, time_axis: bool):
@@ -1210,15 +1211,3 @@ def _step(x, prev):
     d[0] = 0.0 if prev is None else x[0] - prev
     np.subtract(x[1:], x[:-1], out=d[1:])
     return d
-
-
-def _qmul_comps(a, b):
-    """Hamilton product of component tuples ``(w, x, y, z)`` (arrays broadcasting against each other)."""
-    aw, ax, ay, az = a
-    bw, bx, by, bz = b
-    return (
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    )
