@@ -35,16 +35,6 @@ from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
-# Documented outputs known to be wrong in pages other engineers own; the test xfails (strictly: once fixed, the
-# entry must go) until the page is corrected. file name -> stripped source lines whose comment mismatches.
-KNOWN_MISMATCHES: dict[str, set[str]] = {
-    "library.md": {
-        "print(body.body_positions.shape, body.body_angular_velocities.shape)  # [4096, 38, 3] each",
-        "print(looped.loop_offsets)  # 2 * displacement",
-    },
-    "sim.md": {'print("largest difference:", float((tree.qd - dense.qd).abs().max()))  # round-off'},
-}
-
 _PROSE = re.compile(r"[a-z][a-z'\-]*\s+[a-z]")
 _SEPARATOR = re.compile(r":\s|;\s|\s\(|\s\s|\s(?=[a-z][a-z/]*\b)")
 
@@ -167,10 +157,4 @@ def test_doc_snippet_runs_and_prints_what_it_says(path, code):
         got = "\n".join(printed.get(first, ["<not printed>"]))
         if not matches(expected[first][1], got):
             wrong[source] = f"{path.name}: {source}\n    printed: {got!r}"
-    known = KNOWN_MISMATCHES.get(path.name, set()) & {line.strip() for line in lines}
-    unexpected = [msg for source, msg in wrong.items() if source not in known]
-    assert not unexpected, "documented output differs from what runs:\n" + "\n".join(unexpected)
-    fixed = known - set(wrong)
-    assert not fixed, f"now right in {path.name}; remove from KNOWN_MISMATCHES: {sorted(fixed)}"
-    if wrong:
-        pytest.xfail("known wrong documented outputs (page owned elsewhere): " + "; ".join(wrong.values()))
+    assert not wrong, "documented output differs from what runs:\n" + "\n".join(wrong.values())

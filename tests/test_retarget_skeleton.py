@@ -396,8 +396,9 @@ def _align_to_reference(motion, reference):
         "amp_humanoid_walk.npy is not reproducible from 07_01_cmu.fbx: its poses are pairs of identical frames "
         "(distinct poses every 1/30 s), its gait cycle is ~1.0 s with a 1.54-1.60 m stride where 07_01's is ~1.08 s "
         "with a 1.49-1.51 m stride, and the best alignment (time offset, 60/30 fps, left-right mirror, horizontal "
-        "start offset removed) leaves ~0.30 m mean error (0.05 m root-relative, mirrored): most likely it comes from "
-        "the other CMU walk poselib ships, 08_02_cmu.fbx, which is not in ../shared/data"
+        "start offset removed) leaves ~0.30 m mean error (0.05 m root-relative, mirrored); it comes from "
+        "neither: the other CMU walk poselib ships, 08_02_cmu.fbx (now in ../shared/data), is 0.10 m mean from it "
+        "after the same alignment (measured by the data's curator): no shared file reproduces it as is"
     ),
 )
 def test_cmu_fbx_reproduces_poselib_amp_walk(cmu_fbx, amp_desc, walk):

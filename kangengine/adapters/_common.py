@@ -20,6 +20,7 @@ from ..asset.desc import JointType
 from ..errors import LayoutMismatch, ShapeError
 
 __all__ = [
+    "as_state_arrays",
     "dfs_block_order",
     "ColumnMap",
     "column_map",
@@ -253,3 +254,22 @@ def require_layout_match(motion, layout) -> None:
 
 
 ROTATING = (JointType.FREE, JointType.BALL)
+
+
+def as_state_arrays(layout, q, qd):
+    """``q [frames, nq]`` and ``qd [frames, nv]`` as numpy arrays of one float dtype (a single frame becomes
+    one row), checked against ``layout``.
+
+    Raises:
+        ShapeError: wrong widths, or different frame counts.
+    """
+    q = np.asarray(q)
+    qd = np.asarray(qd)
+    dtype = float_dtype(q, qd)
+    q = np.atleast_2d(q).astype(dtype, copy=False)
+    qd = np.atleast_2d(qd).astype(dtype, copy=False)
+    check_2d("q", q, layout.nq, source=layout.source)
+    check_2d("qd", qd, layout.nv, source=layout.source)
+    if q.shape[0] != qd.shape[0]:
+        raise ShapeError(f"q has {q.shape[0]} frames and qd {qd.shape[0]}; expected the same", item="qd")
+    return q, qd

@@ -120,7 +120,7 @@ class MuJoCoMotionAdapter:
     def pack_arrays(self, q, qd) -> MuJoCoBuffers:
         """Like :meth:`pack` for raw canonical arrays ``q [frames, nq]``, ``qd [frames, nv]`` (float32 or
         float64; the result has the same dtype)."""
-        q, qd = _as_arrays(self.layout, q, qd)
+        q, qd = C.as_state_arrays(self.layout, q, qd)
         w_idx, quat = self._rotations(q)
         qd_mj = qd.copy()
         if w_idx.size:
@@ -263,21 +263,6 @@ class MuJoCoMotionAdapter:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-def _as_arrays(layout, q, qd):
-    q = np.asarray(q)
-    qd = np.asarray(qd)
-    dtype = C.float_dtype(q, qd)
-    q = np.atleast_2d(q).astype(dtype, copy=False)
-    qd = np.atleast_2d(qd).astype(dtype, copy=False)
-    C.check_2d("q", q, layout.nq, source=layout.source)
-    C.check_2d("qd", qd, layout.nv, source=layout.source)
-    if q.shape[0] != qd.shape[0]:
-        from ..errors import ShapeError
-
-        raise ShapeError(f"q has {q.shape[0]} frames and qd {qd.shape[0]}; expected the same", item="qd")
-    return q, qd
 
 
 def _joint_rotation(block, q):

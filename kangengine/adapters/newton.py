@@ -163,9 +163,7 @@ class NewtonMotionAdapter:
 
     def pack_arrays(self, q, qd) -> NewtonBuffers:
         """Like :meth:`pack` for raw canonical arrays (float32 or float64; the result keeps the dtype)."""
-        from .mujoco import _as_arrays
-
-        q, qd = _as_arrays(self.layout, q, qd)
+        q, qd = C.as_state_arrays(self.layout, q, qd)
         jq = q[:, self._map.q_index] - self._q_shift.astype(q.dtype)
         qd = qd.copy()
         if self._free is not None:

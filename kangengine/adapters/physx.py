@@ -217,9 +217,7 @@ class PhysXMotionAdapter:
 
     def pack_arrays(self, q, qd) -> PhysXBuffers:
         """Like :meth:`pack` for raw canonical arrays ``q [frames, nq]``, ``qd [frames, nv]``."""
-        from .mujoco import _as_arrays
-
-        q, qd = _as_arrays(self.layout, q, qd)
+        q, qd = C.as_state_arrays(self.layout, q, qd)
         dt = q.dtype
         n = q.shape[0]
         rp, rr, rv, rw = self._root_pack(q, qd)

@@ -48,7 +48,9 @@ import numpy as np
 from .. import rotations as R
 from ..asset.desc import JointType
 from ..errors import FormatError, LayoutMismatch, MotionError, ShapeError, UnknownNameError
-from .kinematics import _add, _mul, _sub
+from .kinematics.trace import add as _add
+from .kinematics.trace import mul as _mul
+from .kinematics.trace import sub as _sub
 from .layout import ArticulationCoordinateLayout
 from .motion import ArticulationMotion
 from .skeleton import SkeletonMotion, SkeletonState, SkeletonTree

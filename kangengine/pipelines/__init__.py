@@ -10,25 +10,40 @@ This is the one layer that may import every other (``io``, ``datasets``, ``retar
 - :mod:`.plots`: the figures (:func:`write_plot`).
 """
 
-from .convert import BatchReport, ClipOutcome, ConvertOptions, clip_names, convert_clips, map_clip
-from .load import MOTION_LOADERS, load_motion, load_npz_motion
-from .plots import write_plot
-from .validate import ClipReport, SkippedClip, ValidationResult, load_for_validation, validate
+from __future__ import annotations
 
-__all__ = [
-    "load_motion",
-    "load_npz_motion",
-    "MOTION_LOADERS",
-    "convert_clips",
-    "ConvertOptions",
-    "BatchReport",
-    "ClipOutcome",
-    "map_clip",
-    "clip_names",
-    "validate",
-    "load_for_validation",
-    "ValidationResult",
-    "ClipReport",
-    "SkippedClip",
-    "write_plot",
-]
+import importlib
+
+#: public name -> module of this package that defines it (imported on first use: ``convert`` and ``load``
+#: need no torch, ``validate`` loads the simulator)
+_EXPORTS = {
+    "load_motion": "load",
+    "load_npz_motion": "load",
+    "MOTION_LOADERS": "load",
+    "convert_clips": "convert",
+    "ConvertOptions": "convert",
+    "BatchReport": "convert",
+    "ClipOutcome": "convert",
+    "map_clip": "convert",
+    "clip_names": "convert",
+    "validate": "validate",
+    "load_for_validation": "validate",
+    "ValidationResult": "validate",
+    "ClipReport": "validate",
+    "SkippedClip": "validate",
+    "write_plot": "plots",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kangengine.pipelines' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

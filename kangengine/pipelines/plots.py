@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._files import atomic_write
-from ..sim.tracking import TrackingResult
+
+if TYPE_CHECKING:  # the simulator (torch) is not needed to draw a figure
+    from ..sim.tracking import TrackingResult
 
 __all__ = ["write_plot"]
 

@@ -35,9 +35,6 @@ from ...errors import UnknownNameError
 from .plan import STEP_DOFS, JointStep, TreePlan, tree_plan_from_rest
 from .replay import array_namespace, compile_replay, expand, is_torch, run_chunks, soa, torch_empty
 from .trace import Trace, trace_coordinates, trace_joint_frames, trace_skeleton
-from .trace import add as _add  # noqa: F401  (for animation/mapper.py until it imports .trace's public names)
-from .trace import mul as _mul  # noqa: F401
-from .trace import sub as _sub  # noqa: F401
 
 __all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", "JointStep", "JointFrames"]
 

@@ -236,7 +236,7 @@ def _groups(cols, last: int, W: int) -> tuple[list[int], list[int]]:
 
 
 # C901 exempt: an IR emitter, one branch per op kind and block shape.
-def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:  # noqa: C901
+def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     """LLVM IR of a program.
 
     A block of ``W`` frames is moved between the frame-major arrays and the frame-innermost vectors by
