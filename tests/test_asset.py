@@ -346,3 +346,165 @@ def test_load_by_extension(tmp_path):
     assert ke.asset.load(data_file("mjcf/dm_control/cartpole.xml")).name == "cart-pole"
     with pytest.raises(FormatError, match="unknown articulation file type"):
         ke.asset.load(tmp_path / "x.obj")
+
+
+# -- issue 17: non-finite and physically impossible values are refused -----------------------------------
+
+_MJCF_ONE_BODY = (
+    '<mujoco model="m"><option gravity="{gravity}"/><worldbody><body name="{name}" pos="{pos}">'
+    '<joint name="hinge" type="hinge" axis="{axis}" range="{range}" limited="true"/>'
+    '<geom name="ball" type="sphere" size="0.1"/>'
+    '<inertial pos="0 0 0" mass="1" fullinertia="{inertia}"/></body></worldbody></mujoco>'
+)
+_MJCF_OK = dict(gravity="0 0 -9.81", name="b", pos="0 0 1", axis="0 0 1", range="-1 1", inertia="0.1 0.1 0.1 0 0 0")
+
+
+def _mjcf(tmp_path, **kw) -> object:
+    p = tmp_path / "m.xml"
+    p.write_text(_MJCF_ONE_BODY.format(**{**_MJCF_OK, **kw}))
+    return p
+
+
+def test_mjcf_one_body_template_loads(tmp_path):
+    desc = MJCFLoader.load(_mjcf(tmp_path))
+    assert desc.body_names == ("b",) and desc.joints[0].range == pytest.approx((-np.pi / 180, np.pi / 180))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "item"),
+    [
+        ("pos", "nan 0 1", "body 'b' pos"),
+        ("pos", "0 inf 1", "body 'b' pos"),
+        ("axis", "nan 0 1", "joint 'hinge' axis"),
+        ("range", "-inf 1", "joint 'hinge' range"),
+        ("range", "nan 1", "joint 'hinge' range"),
+        ("gravity", "0 0 nan", "option gravity"),
+        ("gravity", "0 -inf 0", "option gravity"),
+    ],
+)
+def test_mjcf_non_finite_values_are_refused(tmp_path, field, value, item):
+    # MuJoCo itself compiles all of these (printing only "XML contains a 'NaN'").
+    path = _mjcf(tmp_path, **{field: value})
+    m = mujoco.MjSpec.from_file(str(path)).compile()
+    assert not np.isfinite(
+        np.concatenate([m.body_pos.ravel(), m.jnt_axis.ravel(), m.jnt_range.ravel(), m.opt.gravity])
+    ).all()
+    with pytest.raises(FormatError, match="finite") as e:
+        MJCFLoader.load(path)
+    assert str(path) in str(e.value) and e.value.item == item
+
+
+@pytest.mark.parametrize(
+    ("inertial", "item"),
+    [('mass="1" diaginertia="inf inf inf"', "body 'b' inertia"), ('mass="inf" diaginertia="1 1 1"', "body 'b' mass")],
+)
+def test_mjcf_non_finite_inertia_and_mass_are_refused(tmp_path, inertial, item):
+    path = tmp_path / "inertia.xml"
+    path.write_text(
+        '<mujoco><worldbody><body name="b"><joint type="hinge"/><geom type="sphere" size="0.1"/>'
+        f'<inertial pos="0 0 0" {inertial}/></body></worldbody></mujoco>'
+    )
+    m = mujoco.MjSpec.from_file(str(path)).compile()  # MuJoCo compiles it
+    assert not (np.isfinite(m.body_inertia).all() and np.isfinite(m.body_mass).all())
+    with pytest.raises(FormatError, match="finite") as e:
+        MJCFLoader.load(path)
+    assert e.value.item == item
+
+
+def test_mjcf_invalid_utf8_name_is_a_format_error(tmp_path):
+    path = tmp_path / "bad_name.xml"
+    text = _MJCF_ONE_BODY.format(**{**_MJCF_OK, "name": "leg\udcff"})
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(UnicodeDecodeError):  # what MuJoCo's own accessor does with it
+        _ = mujoco.MjSpec.from_file(str(path)).compile().body(1).name
+    with pytest.raises(FormatError, match="not valid UTF-8") as e:
+        MJCFLoader.load(path)
+    assert str(path) in str(e.value) and e.value.item == "body 1"
+
+
+def _inertial_link(name, inertia: str) -> str:
+    return f'<link name="{name}"><inertial><mass value="1"/><inertia {inertia}/></inertial></link>'
+
+
+@pytest.mark.parametrize(
+    ("inertia", "match"),
+    [
+        # the tensor whose mass matrix had eigenvalue -0.9 in the issue
+        ('ixx="-0.9" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"', "positive semi-definite"),
+        # diagonal positive, but an off-diagonal term makes one principal moment negative (eig = 0.1 -/+ 1)
+        ('ixx="0.1" iyy="0.1" izz="0.2" ixy="1" ixz="0" iyz="0"', "positive semi-definite"),
+        # positive definite, but 0.1 + 0.1 < 1: no rigid body has these moments
+        ('ixx="0.1" iyy="0.1" izz="1" ixy="0" ixz="0" iyz="0"', "triangle inequality"),
+    ],
+)
+def test_urdf_impossible_inertia_is_refused(tmp_path, inertia, match):
+    moments = None
+    vals = dict(kv.split("=") for kv in inertia.split())
+    v = {k: float(x.strip('"')) for k, x in vals.items()}
+    local = np.array([[v["ixx"], v["ixy"], v["ixz"]], [v["ixy"], v["iyy"], v["iyz"]], [v["ixz"], v["iyz"], v["izz"]]])
+    moments = np.linalg.eigvalsh(local)  # numpy's independent view of the same tensor
+    assert moments[0] < 0 or moments[0] + moments[1] < moments[2]
+    body = LINK.format("a") + _inertial_link("b", inertia) + _joint("ab", "a", "b")
+    with pytest.raises(FormatError, match=match) as e:
+        URDFLoader.load(_urdf(tmp_path, body))
+    assert e.value.item == "link 'b'/inertial/inertia"
+
+
+def test_urdf_valid_inertia_at_the_triangle_bound_loads(tmp_path):
+    # a thin rod about its axis: I1 + I2 == I3 exactly (a flat plate); allowed
+    body = (
+        LINK.format("a")
+        + _inertial_link("b", 'ixx="1" iyy="1" izz="2" ixy="0" ixz="0" iyz="0"')
+        + _joint("ab", "a", "b")
+    )
+    desc = URDFLoader.load(_urdf(tmp_path, body))
+    np.testing.assert_allclose(np.linalg.eigvalsh(desc.bodies[1].inertia), [1, 1, 2])
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [
+        '<sphere radius="-0.1"/>',
+        '<cylinder radius="-0.1" length="1"/>',
+        '<capsule radius="0.1" length="-1"/>',
+        '<box size="0.1 -0.2 0.3"/>',
+    ],
+)
+def test_urdf_negative_geometry_sizes_are_refused(tmp_path, geometry):
+    link = (
+        '<link name="b"><inertial><mass value="1"/><inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/>'
+        f"</inertial><collision><geometry>{geometry}</geometry></collision></link>"
+    )
+    body = LINK.format("a") + link + _joint("ab", "a", "b")
+    with pytest.raises(FormatError, match=">= 0") as e:
+        URDFLoader.load(_urdf(tmp_path, body))
+    assert "link 'b'/collision" in e.value.item
+
+
+def test_urdf_mimic_of_an_undefined_joint_is_refused(tmp_path):
+    body = (
+        LINK.format("a")
+        + LINK.format("b")
+        + _joint("ab", "a", "b", extra='<limit lower="-1" upper="1"/><mimic joint="no_such_joint"/>')
+    )
+    with pytest.raises(TopologyError, match="no_such_joint.*not defined; joints are: ab") as e:
+        URDFLoader.load(_urdf(tmp_path, body))
+    assert e.value.item == "joint 'ab'/mimic"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        '<origin xyz="0 nan 0"/>',
+        '<origin rpy="0 0 inf"/>',
+        '<origin xyz="1e400 0 0"/>',  # overflows to inf when parsed
+    ],
+)
+def test_urdf_non_finite_origin_is_refused(tmp_path, where):
+    joint = (
+        f'<joint name="ab" type="revolute"><parent link="a"/><child link="b"/>{where}'
+        '<axis xyz="0 0 1"/><limit lower="-1" upper="1"/></joint>'
+    )
+    with pytest.raises(FormatError, match="not finite") as e:
+        URDFLoader.load(_urdf(tmp_path, LINK.format("a") + LINK.format("b") + joint))
+    assert e.value.item == "joint 'ab'/origin"

@@ -59,6 +59,9 @@ class MJCFLoader:
         Raises:
             FileMissingError: ``path`` does not exist.
             FormatError: MuJoCo cannot parse or compile the file (its message is kept).
+            FormatError: a compiled value is NaN or infinite (positions, orientations, axes, masses,
+                inertias, joint and tendon ranges, geom sizes, gravity: the item is named), or a name is not
+                valid UTF-8.
             TopologyError: the world has more than one child body (not a single articulation).
             DuplicateNameError: a name holds ``/`` or clashes with a generated name.
         """
@@ -74,9 +77,13 @@ class MJCFLoader:
         except Exception as exc:  # mujoco raises ValueError with "XML Error" / "Error: ..." text
             raise FormatError(f"MuJoCo could not compile the MJCF: {str(exc).strip()}", path=path) from exc
         mesh_files = {}
-        for mesh in spec.meshes:
-            if mesh.name:
-                mesh_files[mesh.name] = mesh.file or None
+        try:
+            for mesh in spec.meshes:
+                if mesh.name:
+                    mesh_files[mesh.name] = mesh.file or None
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"a mesh name or file name is not valid UTF-8 ({exc})", path=path, item="mesh") from None
+        _check_finite(model, path)
         desc = _from_model(model, path, mesh_files)
         return desc if order == "DFS" else reorder_bodies(desc, order)
 
@@ -93,6 +100,95 @@ _GTYPE = {
 }
 
 
+# (model array, what it holds, the name table of its rows, and whether a non-finite value is allowed
+# where MuJoCo itself uses infinity: none here). Checked once after compiling, before anything is read.
+_FINITE_FIELDS = (
+    ("body_pos", "pos", "body"),
+    ("body_quat", "quat", "body"),
+    ("body_ipos", "inertial pos", "body"),
+    ("body_iquat", "inertial quat", "body"),
+    ("body_mass", "mass", "body"),
+    ("body_inertia", "inertia", "body"),
+    ("jnt_pos", "pos", "jnt"),
+    ("jnt_axis", "axis", "jnt"),
+    ("jnt_range", "range", "jnt"),
+    ("jnt_stiffness", "stiffness", "jnt"),
+    ("jnt_actfrcrange", "actuatorfrcrange", "jnt"),
+    ("qpos0", "ref", None),
+    ("qpos_spring", "springref", None),
+    ("dof_armature", "armature", None),
+    ("dof_damping", "damping", None),
+    ("dof_frictionloss", "frictionloss", None),
+    ("geom_size", "size", "geom"),
+    ("geom_pos", "pos", "geom"),
+    ("geom_quat", "quat", "geom"),
+    ("geom_friction", "friction", "geom"),
+    ("eq_data", "data", "eq"),
+    ("tendon_range", "range", "tendon"),
+    ("tendon_stiffness", "stiffness", "tendon"),
+    ("tendon_damping", "damping", "tendon"),
+    ("wrap_prm", "coef", None),
+    ("actuator_gear", "gear", "actuator"),
+    ("actuator_forcerange", "forcerange", "actuator"),
+    ("actuator_ctrlrange", "ctrlrange", "actuator"),
+    ("actuator_gainprm", "gainprm", "actuator"),
+)
+
+
+def _check_finite(m, path: Path) -> None:
+    """Refuse NaN and infinity in every compiled value the loader reads (MuJoCo accepts ``nan`` and
+    ``inf`` in the XML with only a printed warning)."""
+    for field, what, kind in _FINITE_FIELDS:
+        arr = getattr(m, field, None)
+        if arr is None:
+            continue
+        arr = np.asarray(arr, dtype=np.float64)
+        if arr.size == 0 or np.isfinite(arr).all():
+            continue
+        row = int(np.argwhere(~np.isfinite(arr.reshape(len(arr), -1)))[0][0])
+        if kind is None:
+            item = f"{field}[{row}]"
+        else:
+            item = f"{kind if kind != 'jnt' else 'joint'} {_name_at(m, kind, row, path)!r} {what}"
+        raise FormatError(
+            f"{what} holds {arr[row].tolist()}; expected finite numbers (NaN and infinity are refused)",
+            path=path,
+            item=item,
+        )
+    gravity = np.asarray(m.opt.gravity, dtype=np.float64)
+    if not np.isfinite(gravity).all():
+        raise FormatError(
+            f"gravity {gravity.tolist()}; expected finite numbers (m/s^2)", path=path, item="option gravity"
+        )
+
+
+def _model_name(m, path) -> str:
+    if not m.names:
+        return path.stem
+    raw = bytes(m.names[: m.names.index(b"\0")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(
+            f"the model name {raw!r} is not valid UTF-8 ({exc.reason})", path=path, item="mujoco model"
+        ) from None
+
+
+def _name_at(m, kind: str, i: int, path) -> str:
+    """Name of row ``i`` of a MuJoCo object table (``"body"``, ``"jnt"``, ``"geom"``...), read from the model's
+    name buffer; ``""`` when unnamed. Invalid UTF-8 is a FormatError naming the object."""
+    adr = int(getattr(m, f"name_{kind}adr")[i])
+    raw = bytes(m.names[adr : m.names.index(b"\0", adr)])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(
+            f"the name {raw!r} is not valid UTF-8 ({exc.reason} at byte {exc.start}); expected UTF-8 text",
+            path=path,
+            item=f"{kind if kind != 'jnt' else 'joint'} {i}",
+        ) from None
+
+
 def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
     import mujoco
 
@@ -100,7 +196,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
     nb = m.nbody - 1
     body_names = []
     for i in range(1, m.nbody):
-        body_names.append(m.body(i).name or f"body{i}")
+        body_names.append(_name_at(m, "body", i, path) or f"body{i}")
     roots = [body_names[i - 1] for i in range(1, m.nbody) if m.body_parentid[i] == 0]
     if nb == 0:
         raise TopologyError("the model has no bodies besides the world; expected one articulation", path=src)
@@ -134,7 +230,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         b = int(m.jnt_bodyid[j])
         k = count.get(b, 0)
         count[b] = k + 1
-        joint_names.append(m.joint(j).name or f"{body_names[b - 1]}_joint{k}")
+        joint_names.append(_name_at(m, "jnt", j, path) or f"{body_names[b - 1]}_joint{k}")
 
     joints: list[JointDesc] = []
     body_joints: list[list[int]] = [[] for _ in range(nb)]
@@ -198,11 +294,11 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         owner = body_names[b - 1] if b > 0 else "world"
         mesh = mesh_file = None
         if gt is GeomType.MESH:
-            mesh = m.mesh(int(m.geom_dataid[g])).name
+            mesh = _name_at(m, "mesh", int(m.geom_dataid[g]), path)
             mesh_file = mesh_files.get(mesh)
         geoms.append(
             GeomDesc(
-                name=m.geom(g).name or f"{owner}_geom{k}",
+                name=_name_at(m, "geom", g, path) or f"{owner}_geom{k}",
                 body=b - 1,
                 type=gt,
                 size=m.geom_size[g],
@@ -233,7 +329,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
             j1, j2 = int(m.eq_obj1id[e]), int(m.eq_obj2id[e])
             if np.any(data[2:5] != 0):
                 warnings.warn(
-                    f"{src}: joint equality {m.eq(e).name or e} is polynomial of degree > 1; "
+                    f"{src}: joint equality {_name_at(m, 'eq', e, path) or e} is polynomial of degree > 1; "
                     "only linear couplings are kept as mimic joints, this one is skipped",
                     stacklevel=3,
                 )
@@ -252,7 +348,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
             if b1 > 0 and b2 > 0:
                 cycles.append(
                     CycleJointDesc(
-                        name=m.eq(e).name or f"cycle{len(cycles)}",
+                        name=_name_at(m, "eq", e, path) or f"cycle{len(cycles)}",
                         parent=body_names[b2 - 1],
                         child=body_names[b1 - 1],
                         pivot=data[0:3],
@@ -267,7 +363,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
             continue  # spatial tendons are not represented
         tendons.append(
             TendonDesc(
-                name=m.tendon(t).name or f"tendon{t}",
+                name=_name_at(m, "tendon", t, path) or f"tendon{t}",
                 joints=tuple(joint_names[int(m.wrap_objid[adr + k])] for k in range(num)),
                 coefficients=tuple(float(m.wrap_prm[adr + k]) for k in range(num)),
                 stiffness=float(m.tendon_stiffness[t])
@@ -281,7 +377,7 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         )
 
     return ArticulationDesc(
-        name=m.names[: m.names.index(b"\0")].decode() if m.names else path.stem,
+        name=_model_name(m, path),
         bodies=tuple(bodies),
         joints=tuple(joints),
         geoms=tuple(geoms),

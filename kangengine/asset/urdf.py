@@ -281,6 +281,7 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
                     [vals["ixz"], vals["iyz"], vals["izz"]],
                 ]
             )
+            _check_inertia(local, src, what + "/inertial/inertia")
             rot = R.quat_to_matrix(iq)
             inertia = rot @ local @ rot.T
         k = 0
@@ -302,6 +303,7 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
                 joints=tuple(body_joint_ids),
             )
         )
+    _check_mimics(mimics, jdescs, src)
     return ArticulationDesc(
         name=root.get("name") or path.stem,
         bodies=tuple(bodies),
@@ -311,6 +313,50 @@ def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
         order=order,
         source=src,
     )
+
+
+def _check_inertia(local: np.ndarray, src: str, item: str) -> None:
+    """Refuse an inertia tensor that no rigid body has: a negative principal moment (not positive
+    semi-definite) or principal moments violating the triangle inequality ``I1 + I2 >= I3``. The tolerance is
+    1e-6 of the trace (rounding in the file's printed digits)."""
+    moments = np.linalg.eigvalsh(local)  # ascending
+    tol = 1e-6 * max(float(np.abs(moments).sum()), 1e-12)
+    if moments[0] < -tol:
+        raise FormatError(
+            f"inertia has principal moments {moments.tolist()} (kg m^2); expected a positive semi-definite "
+            "tensor (no negative moment)",
+            path=src,
+            item=item,
+        )
+    if moments[0] + moments[1] < moments[2] - tol:
+        raise FormatError(
+            f"inertia has principal moments {moments.tolist()} (kg m^2), and {moments[0]:.6g} + {moments[1]:.6g} "
+            f"< {moments[2]:.6g}; expected the triangle inequality I1 + I2 >= I3 of a rigid body",
+            path=src,
+            item=item,
+        )
+
+
+def _check_mimics(mimics: list, joints: list, src: str) -> None:
+    names = [j.name for j in joints]
+    known = set(names)
+    for mim in mimics:
+        if mim.leader not in known:
+            raise TopologyError(
+                f"<mimic joint={mim.leader!r}> names a joint that is not defined; joints are: {', '.join(names)}",
+                path=src,
+                item=f"joint {mim.joint!r}/mimic",
+            )
+        if mim.leader == mim.joint:
+            raise TopologyError(
+                "<mimic> names the joint itself; expected another joint", path=src, item=f"joint {mim.joint!r}/mimic"
+            )
+
+
+def _non_negative(rd: _Reader, value: float, what: str, item: str) -> float:
+    if value < 0:
+        raise FormatError(f"{what} is {value}; expected a size >= 0 (m)", path=rd.path, item=item)
+    return value
 
 
 def _geom(rd: _Reader, col, link: str, body: int, k: int) -> GeomDesc | None:
@@ -323,17 +369,23 @@ def _geom(rd: _Reader, col, link: str, body: int, k: int) -> GeomDesc | None:
     name = col.get("name") or f"{link}_geom{k}"
     kw = dict(name=name, body=body, pos=pos, quat_wxyz=quat)
     if shape.tag == "box":
-        return GeomDesc(type=GeomType.BOX, size=0.5 * rd.floats(shape, "size", 3, what=what + "/box"), **kw)
+        size = rd.floats(shape, "size", 3, what=what + "/box")
+        if (size < 0).any():
+            raise FormatError(f"box size {size.tolist()}; expected sizes >= 0 (m)", path=rd.path, item=what + "/box")
+        return GeomDesc(type=GeomType.BOX, size=0.5 * size, **kw)
     if shape.tag == "sphere":
         r = rd.scalar(shape, "radius", None, what=what + "/sphere")
         if r is None:
             raise FormatError("<sphere> needs a radius", path=rd.path, item=what)
+        _non_negative(rd, r, "sphere radius", what + "/sphere")
         return GeomDesc(type=GeomType.SPHERE, size=(r, 0, 0), **kw)
     if shape.tag in ("cylinder", "capsule"):
         r = rd.scalar(shape, "radius", None, what=what + "/" + shape.tag)
         length = rd.scalar(shape, "length", None, what=what + "/" + shape.tag)
         if r is None or length is None:
             raise FormatError(f"<{shape.tag}> needs radius and length", path=rd.path, item=what)
+        _non_negative(rd, r, f"{shape.tag} radius", what + "/" + shape.tag)
+        _non_negative(rd, length, f"{shape.tag} length", what + "/" + shape.tag)
         gt = GeomType.CYLINDER if shape.tag == "cylinder" else GeomType.CAPSULE
         return GeomDesc(type=gt, size=(r, 0.5 * length, 0), **kw)
     if shape.tag == "mesh":
