@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import warnings
 
+import mujoco
 import numpy as np
 import pytest
 from conftest import data_file
@@ -82,7 +83,7 @@ def _schema_paths():
 _REGISTERED = []
 
 
-# -- USD authoring of an ArticulationDesc (test helper) ------------------------------------------------------
+# -- USD authoring from MuJoCo's model (test helper) ---------------------------------------------------------
 
 
 def _f(v) -> str:
@@ -99,118 +100,133 @@ def _frame_with_x(axis):
     return R.quat_from_matrix(np.stack([x, y, np.cross(x, y)], axis=1))
 
 
-def write_usda(desc, layout, adapter, path):
-    """The articulation as PhysX sees it: links at their modelled world pose, one joint per link with the
-    joint frames documented in kangengine.adapters.physx, masses/COMs/inertias from the desc, no gravity."""
-    pos, rot = forward_kinematics(layout, layout.neutral())
-    floating = layout.free_root
-    lines = [
+def _mj_body_name(model, i):
+    return model.body(i).name or f"body{i}"
+
+
+def mujoco_links(model):
+    """Each MuJoCo body (world excluded) as a PhysX link, read from MuJoCo alone: its world pose at qpos0
+    (``mj_kinematics``), its parent, and its inbound PhysX joint as documented in kangengine.adapters.physx
+    (kind, child-side joint frame, anchor) with the prim name the adapter's default order assumes: the
+    joint name for one hinge/slide/ball, the body name for a three-hinge D6 and for a weld. Two hinges
+    become a D6 with the third rotation locked (only the refusal test uses that)."""
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    links = []
+    for b in range(1, model.nbody):
+        jids = [j for j in range(model.njnt) if model.jnt_bodyid[j] == b]
+        types = [int(model.jnt_type[j]) for j in jids]
+        axes = [np.array(model.jnt_axis[j], dtype=np.float64) for j in jids]
+        name = _mj_body_name(model, b)
+        anchor = np.array(model.jnt_pos[jids[0]]) if jids else np.zeros(3)
+        if not jids:
+            kind, rot, prim = "fixed", np.array([1.0, 0, 0, 0]), name
+        elif types == [mujoco.mjtJoint.mjJNT_FREE]:
+            kind, rot, prim = "free", np.array([1.0, 0, 0, 0]), model.joint(jids[0]).name
+        elif types == [mujoco.mjtJoint.mjJNT_BALL]:
+            kind, rot, prim = "ball", np.array([1.0, 0, 0, 0]), model.joint(jids[0]).name
+        elif types == [mujoco.mjtJoint.mjJNT_HINGE]:
+            kind, rot, prim = "hinge", _frame_with_x(axes[0]), model.joint(jids[0]).name
+        elif types == [mujoco.mjtJoint.mjJNT_SLIDE]:
+            kind, rot, prim = "slide", _frame_with_x(axes[0]), model.joint(jids[0]).name
+        elif all(t == mujoco.mjtJoint.mjJNT_HINGE for t in types) and len(jids) in (2, 3):
+            kind, prim = f"hinge{len(jids)}", name
+            rot = R.quat_from_matrix(np.stack([axes[0], axes[1], np.cross(axes[0], axes[1])], axis=1))
+        else:
+            raise AssertionError(f"no PhysX joint for body {name}: {types}")
+        links.append(
+            {
+                "name": name,
+                "parent": _mj_body_name(model, model.body_parentid[b]) if model.body_parentid[b] > 0 else None,
+                "pos": np.array(data.xpos[b]),
+                "quat": np.array(data.xquat[b]),
+                "kind": kind,
+                "child_rot": rot,
+                "anchor": anchor,
+                "prim": prim,
+                "mass": float(model.body_mass[b]),
+                "com": np.array(model.body_ipos[b]),
+                "inertia": np.array(model.body_inertia[b]),
+                "principal": np.array(model.body_iquat[b]),
+            }
+        )
+    return links
+
+
+def write_usda(links, path, *, prim_path=None, reverse=False):
+    """The articulation as PhysX sees it: links at their world pose, one joint per link, masses/COMs/inertias
+    from MuJoCo, no gravity. ``prim_path(link) -> "scope/name"`` chooses each joint prim's path under the
+    robot (default ``joints/<prim>``); ``reverse`` authors links and joints in reverse order."""
+    by_name = {ln["name"]: ln for ln in links}
+    floating = links[0]["kind"] == "free"
+    prim_path = prim_path or (lambda ln: f"joints/{ln['prim']}")
+    out = [
         "#usda 1.0",
-        "(",
-        '    defaultPrim = "World"',
-        "    metersPerUnit = 1",
-        '    upAxis = "Z"',
-        ")",
-        'def PhysicsScene "physicsScene"',
-        "{",
-        "    vector3f physics:gravityDirection = (0, 0, -1)",
-        "    float physics:gravityMagnitude = 0",
-        "}",
-        'def Xform "World"',
-        "{",
+        '(\n    defaultPrim = "World"\n    metersPerUnit = 1\n    upAxis = "Z"\n)',
+        'def PhysicsScene "physicsScene"\n{\n    vector3f physics:gravityDirection = (0, 0, -1)',
+        "    float physics:gravityMagnitude = 0\n}",
+        'def Xform "World"\n{',
         '    def Xform "robot"' + ("" if floating else ' (prepend apiSchemas = ["PhysicsArticulationRootAPI"])'),
         "    {",
     ]
-    for i, body in enumerate(desc.bodies):
+    bodies, scopes = [], {}
+    for i, ln in enumerate(links):
         api = ['"PhysicsRigidBodyAPI"', '"PhysicsMassAPI"'] + (
             ['"PhysicsArticulationRootAPI"'] if floating and i == 0 else []
         )
-        evals, evecs = np.linalg.eigh(body.inertia)
-        if np.linalg.det(evecs) < 0:
-            evecs[:, 2] *= -1
-        principal = R.quat_from_matrix(evecs)
-        lines += [
-            f'        def Xform "{body.name}" (prepend apiSchemas = [{", ".join(api)}])',
-            "        {",
-            f"            float physics:mass = {max(body.mass, 1e-3):.9g}",
-            f"            point3f physics:centerOfMass = {_f(body.com)}",
-            f"            float3 physics:diagonalInertia = {_f(np.maximum(evals, 1e-6))}",
-            f"            quatf physics:principalAxes = {_f(principal)}",
-            f"            double3 xformOp:translate = {_f(pos[i])}",
-            f"            quatd xformOp:orient = {_f(rot[i])}",
-            '            uniform token[] xformOpOrder = ["xformOp:translate", "xformOp:orient"]',
-            "        }",
-        ]
-    if not floating:
-        lines += [
-            '        def PhysicsFixedJoint "world_fixed"',
-            "        {",
-            f"            rel physics:body1 = </World/robot/{desc.bodies[0].name}>",
-            f"            point3f physics:localPos0 = {_f(pos[0])}",
-            f"            quatf physics:localRot0 = {_f(rot[0])}",
-            "            point3f physics:localPos1 = (0, 0, 0)",
-            "            quatf physics:localRot1 = (1, 0, 0, 0)",
-            "        }",
-        ]
-    lines += ['        def Scope "joints"', "        {"]
-    for g in adapter._groups:
-        b = g.body_index
-        parent = desc.bodies[b].parent
-        blocks = [layout.blocks[i] for i in g.blocks]
-        anchor = np.asarray(blocks[0].anchor)
-        if g.kind in ("hinge", "slide"):
-            kind = "PhysicsRevoluteJoint" if g.kind == "hinge" else "PhysicsPrismaticJoint"
-            child_rot = _frame_with_x(blocks[0].axis)
-            name, extra = blocks[0].joint_name, ['            uniform token physics:axis = "X"']
-        elif g.kind == "ball":
-            kind, child_rot, name, extra = "PhysicsSphericalJoint", np.array([1.0, 0, 0, 0]), blocks[0].joint_name, []
-        else:  # three hinges: a D6 with the rotations free, translations locked
-            kind, name = "PhysicsJoint", g.names[0]
-            child_rot = R.quat_from_matrix(np.array([bl.axis for bl in blocks]).T)
-            extra = [
-                e
-                for ax in ("transX", "transY", "transZ")
-                for e in (
-                    f"            float limit:{ax}:physics:low = 1",
-                    f"            float limit:{ax}:physics:high = -1",
-                )
-            ]
-        rest_r = layout.rest_rotations_wxyz[b]
-        parent_pos = layout.rest_positions[b] + R.quat_rotate(rest_r, anchor)
-        parent_rot = R.quat_multiply(rest_r, child_rot)
-        api = (
-            (' (prepend apiSchemas = ["PhysicsLimitAPI:transX", "PhysicsLimitAPI:transY", "PhysicsLimitAPI:transZ"])')
-            if g.kind == "hinge3"
-            else ""
+        bodies.append(
+            f'        def Xform "{ln["name"]}" (prepend apiSchemas = [{", ".join(api)}])\n        {{\n'
+            f"            float physics:mass = {max(ln['mass'], 1e-3):.9g}\n"
+            f"            point3f physics:centerOfMass = {_f(ln['com'])}\n"
+            f"            float3 physics:diagonalInertia = {_f(np.maximum(ln['inertia'], 1e-6))}\n"
+            f"            quatf physics:principalAxes = {_f(ln['principal'])}\n"
+            f"            double3 xformOp:translate = {_f(ln['pos'])}\n"
+            f"            quatd xformOp:orient = {_f(ln['quat'])}\n"
+            '            uniform token[] xformOpOrder = ["xformOp:translate", "xformOp:orient"]\n        }'
         )
-        lines += [
-            f'        def {kind} "{name}"{api}',
-            "        {",
-            f"            rel physics:body0 = </World/robot/{desc.bodies[parent].name}>",
-            f"            rel physics:body1 = </World/robot/{desc.bodies[b].name}>",
-            f"            point3f physics:localPos0 = {_f(parent_pos)}",
-            f"            quatf physics:localRot0 = {_f(parent_rot)}",
-            f"            point3f physics:localPos1 = {_f(anchor)}",
-            f"            quatf physics:localRot1 = {_f(child_rot)}",
-            *extra,
-            "        }",
-        ]
-    moved = {g.body_index for g in adapter._groups}
-    for b in range(1, len(desc.bodies)):
-        if b not in moved:  # a body welded to its parent
-            lines += [
-                f'            def PhysicsFixedJoint "{desc.bodies[b].name}_weld"',
-                "            {",
-                f"                rel physics:body0 = </World/robot/{desc.bodies[desc.bodies[b].parent].name}>",
-                f"                rel physics:body1 = </World/robot/{desc.bodies[b].name}>",
-                f"                point3f physics:localPos0 = {_f(layout.rest_positions[b])}",
-                f"                quatf physics:localRot0 = {_f(layout.rest_rotations_wxyz[b])}",
-                "                point3f physics:localPos1 = (0, 0, 0)",
-                "                quatf physics:localRot1 = (1, 0, 0, 0)",
-                "            }",
-            ]
-    lines += ["        }", "    }", "}", ""]
-    path.write_text("\n".join(lines))
+        if ln["kind"] == "free":
+            continue
+        if ln["parent"] is None:  # fixed base: the root welded to the world
+            parent_pos, parent_rot, body0 = ln["pos"], ln["quat"], ""
+        else:
+            par = by_name[ln["parent"]]
+            parent_from_child = R.quat_multiply(R.quat_conjugate(par["quat"]), ln["quat"])
+            offset = R.quat_rotate(R.quat_conjugate(par["quat"]), ln["pos"] - par["pos"])
+            parent_pos = offset + R.quat_rotate(parent_from_child, ln["anchor"])
+            parent_rot = R.quat_multiply(parent_from_child, ln["child_rot"])
+            body0 = f"            rel physics:body0 = </World/robot/{ln['parent']}>\n"
+        kind = {
+            "fixed": "PhysicsFixedJoint",
+            "hinge": "PhysicsRevoluteJoint",
+            "slide": "PhysicsPrismaticJoint",
+            "ball": "PhysicsSphericalJoint",
+        }.get(ln["kind"], "PhysicsJoint")
+        locked = {"hinge3": ["transX", "transY", "transZ"], "hinge2": ["transX", "transY", "transZ", "rotZ"]}.get(
+            ln["kind"], []
+        )
+        schemas = ", ".join(f'"PhysicsLimitAPI:{a}"' for a in locked)
+        api = f" (prepend apiSchemas = [{schemas}])" if locked else ""
+        extra = "".join(
+            f"            float limit:{a}:physics:low = 1\n            float limit:{a}:physics:high = -1\n"
+            for a in locked
+        )
+        if ln["kind"] in ("hinge", "slide"):
+            extra += '            uniform token physics:axis = "X"\n'
+        scope, _, prim = (prim_path(ln) if ln["parent"] is not None else "joints/world_fixed").rpartition("/")
+        scopes.setdefault(scope, []).append(
+            f'            def {kind} "{prim}"{api}\n            {{\n{body0}'
+            f"            rel physics:body1 = </World/robot/{ln['name']}>\n"
+            f"            point3f physics:localPos0 = {_f(parent_pos)}\n"
+            f"            quatf physics:localRot0 = {_f(parent_rot)}\n"
+            f"            point3f physics:localPos1 = {_f(ln['anchor'])}\n"
+            f"            quatf physics:localRot1 = {_f(ln['child_rot'])}\n{extra}            }}"
+        )
+    step = -1 if reverse else 1
+    out += bodies[::step]
+    for scope, joints in list(scopes.items())[::step]:
+        out += [f'        def Scope "{scope}"', "        {", *joints[::step], "        }"]
+    out += ["    }", "}", ""]
+    path.write_text("\n".join(out))
     return path
 
 
@@ -297,16 +313,22 @@ def physx_mjcf(tmp_path_factory):
     return p
 
 
+def physx_scene(path, tmp_path, **usd_options):
+    """A PhysX scene with the articulation of the MJCF file ``path``, authored from MuJoCo's model."""
+    links = mujoco_links(mujoco.MjModel.from_xml_path(str(path)))
+    usd = write_usda(links, tmp_path / "robot.usda", **usd_options)
+    return PhysXScene(usd, links[0]["name"])
+
+
 def _check_against_physx(path, tmp_path, frames=4, seed=0, order="DFS", speed=1.0):
     desc, layout = _load(path, order)
-    default = PhysXMotionAdapter(layout)
-    usd = write_usda(desc, layout, default, tmp_path / "robot.usda")
-    scene = PhysXScene(usd, desc.bodies[0].name)
+    scene = physx_scene(path, tmp_path)
     try:
         art = scene.articulation
-        adapter = PhysXMotionAdapter(layout, articulation=art)  # DOF order read from the live articulation
+        adapter = PhysXMotionAdapter(layout)  # the default DOF order is PhysX's own
         match = adapter.validate_articulation(art)
-        assert list(match.dof_names) == list(art.dof_names)
+        assert list(match.dof_names) == list(art.dof_names) == list(adapter.dof_names)
+        assert PhysXMotionAdapter(layout, articulation=art).dof_names == adapter.dof_names
         rng = np.random.default_rng(seed)
         q, qd = random_state(layout, frames, rng)
         qd *= speed

@@ -21,16 +21,24 @@ three hinges on one body       three angles, applied in authored order    one D6
                                                                           the same exponential coordinates and
                                                                           child-frame velocities, in the joint frame
                                                                           whose x, y, z axes are the three hinge axes
-DOF order                      the layout's order                         the articulation's own order (breadth-first
-                                                                          link order); read it from the live
-                                                                          articulation: ``dof_names``
+DOF order                      the layout's order                         PhysX's link order: breadth-first from the
+                                                                          root; the children of a link by the type of
+                                                                          their inbound joint (fixed, revolute,
+                                                                          prismatic, spherical, D6), then by its prim
+                                                                          path in byte order; the authoring order of
+                                                                          the prims plays no part. The default: joint
+                                                                          prims named as ``link_joint_names`` says
 =============================  =========================================  ==============================================
 
 Joint frames the conversion assumes (the way an MJCF/URDF body becomes a PhysX link): a revolute or
 prismatic joint's axis is the joint frame's x axis; a spherical joint's child frame is the body frame at
-the joint anchor; a three-hinge D6's joint frame has the hinge axes (orthonormal, right-handed) as x, y, z.
-Bodies with two hinges, or with hinges and slides together, have no PhysX equivalent here and raise
-:class:`~kangengine.errors.UnsupportedJointError` when the adapter is built.
+the joint anchor; a three-hinge D6's joint frame has x = a0, y = a1, z = a0 x a1 for the hinge axes a0, a1,
+a2 (orthonormal; a left-handed triplet such as the CMU humanoid's rz, ry, rx has z = -a2, so its third
+angle changes sign). Bodies with two hinges have no PhysX joint: a PhysX spherical joint with a locked axis
+moves by exponential coordinates restricted to its free axes (checked in ``ovphysx``), which two composed
+hinge rotations leave as soon as both turn. They, non-orthogonal triplets, triplets with different anchors
+and hinges mixed with slides raise :class:`~kangengine.errors.UnsupportedJointError`, with the reason for
+each body, when the adapter is built.
 
 ``ovphysx`` is optional (``pip install -e ".[physx]"``); this module never imports it.
 """
@@ -113,8 +121,9 @@ class PhysXMotionAdapter:
         layout: the :class:`~kangengine.animation.ArticulationCoordinateLayout` motions are made for.
         articulation: optional live articulation or view (anything with ``dof_names``, e.g. an ``ovphysx``
             tensor binding or an Isaac Lab articulation): its DOF order is used (by name), and it is
-            checked with :meth:`validate_articulation`. Without it the order is breadth-first over the
-            layout's bodies, which is what PhysX builds for a tree authored parent-first.
+            checked with :meth:`validate_articulation`. Without it the order is PhysX's own for joint prims
+            named as :attr:`link_joint_names` says (breadth-first links, the children of each link by the
+            type of their inbound joint, then its name), whatever body order the layout was built in.
         dof_names: the articulation's DOF names in order, instead of ``articulation``.
     Raises:
         UnsupportedJointError: a body with two hinges, or hinges and slides together (no PhysX joint).
@@ -173,15 +182,18 @@ class PhysXMotionAdapter:
             else:
                 bs = [lay.blocks[i] for i in g.blocks]
                 axes = np.array([b.axis for b in bs], dtype=np.float64)  # rows a0, a1, a2 (body frame)
+                # a left-handed triplet (CMU's rz, ry, rx) turns about z = a0 x a1 = -a2: angle -q2
+                sign = np.array([1.0, 1.0, 1.0 if np.linalg.det(axes) > 0 else -1.0])
                 self._hinge3.append(
                     {
                         "dof": np.arange(s, s + 3),
                         "q": np.array([b.q_offset for b in bs]),
                         "v": np.array([b.qd_offset for b in bs]),
                         "ref": np.array([b.ref for b in bs]),
-                        "joint_frame_wxyz": R.quat_from_matrix(axes.T),
+                        "sign": sign,
+                        "joint_frame_wxyz": R.quat_from_matrix(axes.T * sign),
                     }
-                )  # body_from_joint: x, y, z = a0, a1, a2
+                )  # body_from_joint: x, y, z = a0, a1, +-a2
         i64 = lambda x, shape: np.array(
             [list(r) for r in x] if x and not np.isscalar(x[0]) else x, dtype=np.int64
         ).reshape(shape)
@@ -203,6 +215,16 @@ class PhysXMotionAdapter:
         for g in self._groups:
             out += _default_dof_names(g)
         return tuple(out)
+
+    @property
+    def link_joint_names(self) -> dict[str, str]:
+        """``{link name: inbound joint prim name}`` for every non-root link, as the default DOF order assumes
+        them: the joint name for a revolute, prismatic or spherical joint, the body name for a three-hinge
+        D6, and for a welded link its fixed joint's name (URDF) or else the body name. An importer that
+        names them otherwise gives another order: pass ``articulation=`` to follow it."""
+        names = _link_joint_names(self.layout, {g.body_index: g.names[0] for g in self._groups})
+        parents = self.layout.parent_indices
+        return {self.layout.body_names[b]: names[b] for b in range(len(parents)) if parents[b] >= 0}
 
     @property
     def link_order(self) -> tuple[str, ...]:
@@ -233,10 +255,11 @@ class PhysXMotionAdapter:
             jp[:, d] = R.quat_to_rotvec(quat)
             jv[:, d] = R.quat_rotate_inverse(quat, qd[:, iv])
         for h in self._hinge3:
-            angles = q[:, h["q"]] - h["ref"].astype(dt)
+            sign = h["sign"].astype(dt)
+            angles = (q[:, h["q"]] - h["ref"].astype(dt)) * sign
             rot_joint = R.quat_from_euler(angles, "xyz", extrinsic=False)  # in the hinge-axes frame
             jp[:, h["dof"]] = R.quat_to_rotvec(rot_joint)
-            w_parent = _euler_xyz_rates_to_w(angles, qd[:, h["v"]])
+            w_parent = _euler_xyz_rates_to_w(angles, qd[:, h["v"]] * sign)
             jv[:, h["dof"]] = R.quat_rotate_inverse(rot_joint, w_parent)
         return PhysXBuffers(rp, rr, rv, rw, jp, jv)
 
@@ -342,10 +365,11 @@ class PhysXMotionAdapter:
             qd[:, iv] = R.quat_rotate(quat, jv[:, d])
         for h in self._hinge3:
             rot_joint = R.quat_from_rotvec(jp[:, h["dof"]])
+            sign = h["sign"].astype(dt)
             angles = R.quat_to_euler(rot_joint, "xyz", extrinsic=False)
-            q[:, h["q"]] = angles + h["ref"].astype(dt)
+            q[:, h["q"]] = angles * sign + h["ref"].astype(dt)
             w_parent = R.quat_rotate(rot_joint, jv[:, h["dof"]])
-            qd[:, h["v"]] = _w_to_euler_xyz_rates(angles, w_parent)
+            qd[:, h["v"]] = _w_to_euler_xyz_rates(angles, w_parent) * sign
         return q, qd
 
     # -- MotionLibrary protocol ------------------------------------------------------------------
@@ -479,53 +503,94 @@ def _cat(parts):
 
 
 def _groups(layout):
-    """One group per body with DOFs, bodies in breadth-first order (siblings in layout order)."""
-    parents = layout.parent_indices
-    order = sorted(range(len(parents)), key=lambda b: (_depth(parents, b), _bfs_key(parents, b)))
-    groups, unsupported = [], []
-    for body in order:
-        idx = [
-            i
-            for i, b in enumerate(layout.blocks)
-            if b.body_index == body and b.joint_type not in (JointType.FIXED, JointType.FREE)
-        ]
-        if not idx:
-            continue
-        types = [layout.blocks[i].joint_type for i in idx]
-        name = layout.body_names[body]
-        jn = tuple(layout.blocks[i].joint_name for i in idx)
-        if len(idx) == 1 and types[0] in (JointType.HINGE, JointType.SLIDE):
-            groups.append(_Group(types[0].value, body, name, tuple(idx), jn, 1))
-        elif len(idx) == 1 and types[0] is JointType.BALL:
-            groups.append(_Group("ball", body, name, tuple(idx), jn, 3))
-        elif len(idx) == 3 and all(t is JointType.HINGE for t in types):
-            axes = np.array([layout.blocks[i].axis for i in idx], dtype=np.float64)
-            anchors = np.array([layout.blocks[i].anchor for i in idx], dtype=np.float64)
-            if not np.allclose(axes @ axes.T, np.eye(3), atol=1e-6) or np.linalg.det(axes) < 0:
-                unsupported.append(f"{name!r} (hinges {', '.join(jn)}: axes not orthonormal and right-handed)")
-            elif not np.allclose(anchors, anchors[0], atol=1e-9):
-                unsupported.append(f"{name!r} (hinges {', '.join(jn)}: different anchors)")
-            else:
-                groups.append(_Group("hinge3", body, name, tuple(idx), (name, "_".join(jn), jn[0]), 3))
+    """One group per body with DOFs, in PhysX's link order (see :func:`_physx_link_order`)."""
+    by_body: dict[int, list[int]] = {}
+    for i, b in enumerate(layout.blocks):
+        if b.joint_type not in (JointType.FIXED, JointType.FREE):
+            by_body.setdefault(b.body_index, []).append(i)
+    groups, unsupported = {}, []
+    for body, idx in by_body.items():
+        group, reason = _group(layout, body, idx)
+        if group is None:
+            unsupported.append(reason)
         else:
-            unsupported.append(f"{name!r} ({', '.join(f'{n} {t.value}' for n, t in zip(jn, types))})")
-    return groups, unsupported
+            groups[body] = group
+    order = _physx_link_order(layout, groups)
+    return [groups[b] for b in order if b in groups], unsupported
 
 
-def _depth(parents, b) -> int:
-    d = 0
-    while parents[b] >= 0:
-        b = parents[b]
-        d += 1
-    return d
+def _group(layout, body, idx):
+    """The PhysX joint of one body's blocks, or ``(None, reason)`` when PhysX has none for them."""
+    types = [layout.blocks[i].joint_type for i in idx]
+    name = layout.body_names[body]
+    jn = tuple(layout.blocks[i].joint_name for i in idx)
+    if len(idx) == 1 and types[0] in (JointType.HINGE, JointType.SLIDE):
+        return _Group(types[0].value, body, name, tuple(idx), jn, 1), None
+    if len(idx) == 1 and types[0] is JointType.BALL:
+        return _Group("ball", body, name, tuple(idx), jn, 3), None
+    if len(idx) == 3 and all(t is JointType.HINGE for t in types):
+        axes = np.array([layout.blocks[i].axis for i in idx], dtype=np.float64)
+        anchors = np.array([layout.blocks[i].anchor for i in idx], dtype=np.float64)
+        if not np.allclose(axes @ axes.T, np.eye(3), atol=1e-6):
+            return None, (
+                f"{name!r} (hinges {', '.join(jn)}: axes not orthogonal; a PhysX spherical joint turns about the "
+                "three orthonormal axes of its joint frame)"
+            )
+        if not np.allclose(anchors, anchors[0], atol=1e-9):
+            return None, f"{name!r} (hinges {', '.join(jn)}: different anchors; a PhysX joint has one anchor)"
+        return _Group("hinge3", body, name, tuple(idx), (name, "_".join(jn), jn[0]), 3), None
+    if all(t is JointType.HINGE for t in types) and len(idx) == 2:
+        return None, (
+            f"{name!r} (hinges {', '.join(jn)}: a PhysX spherical joint with a locked axis moves by exponential "
+            "coordinates restricted to its free axes, exp(p0 a0 + p1 a1), while two MJCF hinges compose "
+            "R(a0, q0) R(a1, q1), whose rotation vector leaves that plane (by about q0 q1 / 2 along a0 x a1) "
+            "as soon as both hinges turn; no PhysX joint reproduces the pair)"
+        )
+    return None, (
+        f"{name!r} ({', '.join(f'{n} {t.value}' for n, t in zip(jn, types))}: PhysX gives each link one joint, "
+        "and no PhysX joint combines these)"
+    )
 
 
-def _bfs_key(parents, b) -> tuple:
-    path = []
-    while b >= 0:
-        path.append(b)
-        b = parents[b]
-    return tuple(reversed(path))
+def _link_joint_names(layout, dof_base: dict[int, str]) -> dict[int, str]:
+    """The name of the PhysX joint prim each non-root link is assumed to have: the DOF base name for links
+    with DOFs, the layout's fixed joint name (URDF) or else the body name for welded links."""
+    out = {}
+    for b in layout.blocks:
+        if b.joint_type is JointType.FIXED:
+            out.setdefault(b.body_index, b.joint_name)
+    for b, name in enumerate(layout.body_names):
+        out.setdefault(b, name)
+    out.update(dof_base)
+    return out
+
+
+#: the order PhysX takes the children of a link in, by the type of their joint (fixed, revolute, prismatic,
+#: spherical, then D6), each type sorted by joint prim path
+_JOINT_TYPE_RANK = {"fixed": 0, "hinge": 1, "slide": 2, "ball": 3, "hinge3": 4}
+
+
+def _physx_link_order(layout, groups: dict) -> tuple[int, ...]:
+    """Body indices in the order PhysX numbers an articulation's links: breadth-first from the root; the
+    children of each link by the type of their inbound joint (fixed, revolute, prismatic, spherical, D6),
+    and within a type by the joint prim's path in byte order (with the joints of an articulation in one
+    scope, or each under its parent link, that is their name). Observed with ``ovphysx`` on the AMP, SMPL and
+    G1 humanoids and on renamed, re-scoped and reordered copies of them (``tests/test_adapters_physx.py``);
+    the order the prims are authored in plays no part."""
+    parents = layout.parent_indices
+    names = _link_joint_names(layout, {b: g.names[0] for b, g in groups.items()})
+    rank = {b: _JOINT_TYPE_RANK[groups[b].kind] if b in groups else 0 for b in range(len(parents))}
+    children: list[list[int]] = [[] for _ in parents]
+    roots = []
+    for b, p in enumerate(parents):
+        (roots if p < 0 else children[p]).append(b)
+    out: list[int] = []
+    queue = list(roots)
+    while queue:
+        b = queue.pop(0)
+        out.append(b)
+        queue.extend(sorted(children[b], key=lambda c: (rank[c], names[c])))
+    return tuple(out)
 
 
 def _default_dof_names(g: _Group) -> list[str]:
