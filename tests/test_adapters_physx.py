@@ -1,8 +1,9 @@
 """PhysX adapter checked against PhysX itself (``ovphysx`` in CPU mode): the articulation is authored in USD
-from the same ArticulationDesc, the packed root and DOF state is written through PhysX's articulation
-views, and the link poses and velocities PhysX computes equal our forward kinematics and finite
-differences of it. Covers a floating base, spherical joints, three-hinge D6 joints, revolute joints with a
-ref and an anchor, a prismatic joint, COM offsets, and a fixed base."""
+from MuJoCo's compiled model (link poses at qpos0, joint axes and anchors, masses), the packed root and DOF
+state is written through PhysX's articulation views, and the link poses and velocities PhysX computes equal
+MuJoCo's, our forward kinematics and finite differences of it. Covers a floating base, spherical joints,
+three-hinge D6 joints (right- and left-handed), revolute joints with a ref and an anchor, a prismatic joint,
+COM offsets, a fixed base, PhysX's own link order, and why hinge pairs are refused."""
 
 from __future__ import annotations
 
@@ -469,15 +470,226 @@ def test_validate_articulation_lists_every_mismatch(physx_mjcf):
     assert other.dof_names == tuple(reordered)
 
 
-def test_unsupported_joint_sets_are_named():
-    _, layout = _load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    with pytest.raises(UnsupportedJointError, match="lfootrz"):
-        PhysXMotionAdapter(layout)
-
-
 def test_missing_ovphysx_names_the_extra(monkeypatch):
     from kangengine._deps import require
 
     monkeypatch.setitem(sys.modules, "ovphysx", None)
     with pytest.raises(MissingDependencyError, match=r"\.\[physx\]"):
         require("ovphysx", "physx")
+
+
+# -- the reference page's PhysX snippet, run as written, against MuJoCo ---------------------------------------
+
+#: "Backend buffers > PhysX" of the reference page (docs: kangengine_articulation_motion), verbatim
+PAGE_SNIPPET = """from kangengine.adapters.physx import PhysXMotionAdapter
+
+adapter = PhysXMotionAdapter(layout)
+adapter.validate_articulation(articulation)  # optional compatibility check
+buffers = adapter.pack(articulation_motion)
+"""
+
+
+def test_page_snippet_is_the_reference_text():
+    from conftest import DATA
+
+    page = DATA.parent / "reference" / "kangengine_articulation_motion.md"
+    if not page.is_file():
+        pytest.skip(f"{page} is not here")
+    text = page.read_text()
+    for line in PAGE_SNIPPET.strip().splitlines():
+        assert line in text
+
+
+def _link_poses(scene, buf, frame):
+    pose, _ = scene.set_state_and_read_links(buf, frame)
+    return pose
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["mjcf/protomotions/amp_humanoid.xml", "mjcf/unitree/g1_29dof.nomesh.xml", "mjcf/protomotions/smpl_humanoid.xml"],
+)
+def test_reference_page_snippet_matches_mujoco(rel, tmp_path):
+    """The page's snippet, as written, on a PhysX articulation of the model: the link poses PhysX computes
+    from the packed buffers equal MuJoCo's (mj_kinematics on the same model and q) to 1e-5 m."""
+    mjcf_path = data_file(rel)
+    data = ke.asset.MJCFLoader.load(mjcf_path, order="DFS")  # the page's "Convert a motion"
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=data, free_root=True)
+    model = mujoco.MjModel.from_xml_path(str(mjcf_path))
+    assert model.nq == layout.nq and model.nv == layout.nv
+    q, qd = random_state(layout, 3, np.random.default_rng(11))
+    articulation_motion = ArticulationMotion(q, qd * 0.5, 30.0, layout.model_signature)
+    scene = physx_scene(mjcf_path, tmp_path)
+    try:
+        articulation = scene.articulation
+        env = {"layout": layout, "articulation": articulation, "articulation_motion": articulation_motion}
+        exec(PAGE_SNIPPET, env)
+        buffers = env["buffers"]
+        mj = mujoco.MjData(model)
+        ids = [list(articulation.body_names).index(_mj_body_name(model, b)) for b in range(1, model.nbody)]
+        for f in range(articulation_motion.num_frames):
+            mj.qpos[:] = articulation_motion.q[f]
+            mujoco.mj_kinematics(model, mj)
+            pose = _link_poses(scene, buffers, f)[ids]
+            np.testing.assert_allclose(pose[:, :3], mj.xpos[1:], atol=1e-5, rtol=0)
+            cos_half = np.abs(np.sum(pose[:, [6, 3, 4, 5]] * mj.xquat[1:], axis=-1))
+            np.testing.assert_allclose(cos_half, 1, atol=1e-6)
+    finally:
+        scene.close()
+
+
+# -- PhysX's link order, observed --------------------------------------------------------------------------
+
+
+def _expected_physx_order(links, prim_path):
+    """Breadth-first from the root; children by joint type (fixed, revolute, prismatic, spherical, D6), then by
+    joint prim path: the rule the adapter's default order follows, written out independently."""
+    rank = {"fixed": 0, "hinge": 1, "slide": 2, "ball": 3, "hinge3": 4, "hinge2": 4}
+    out, queue = [], [links[0]["name"]]
+    while queue:
+        b = queue.pop(0)
+        out.append(b)
+        kids = [ln for ln in links if ln["parent"] == b]
+        queue += [ln["name"] for ln in sorted(kids, key=lambda ln: (rank[ln["kind"]], prim_path(ln)))]
+    return out
+
+
+def _star_links():
+    def link(name, kind, prim):
+        ident = np.array([1.0, 0, 0, 0])
+        return dict(
+            name=name, parent=None if kind == "free" else "root", pos=np.zeros(3), quat=ident, kind=kind,
+            child_rot=ident, anchor=np.zeros(3), prim=prim, mass=1.0, com=np.zeros(3), inertia=np.full(3, 0.1),
+            principal=ident,
+        )  # fmt: skip
+
+    kinds = ["hinge", "slide", "ball", "hinge3", "fixed"] * 2
+    prims = [f"{c}_joint" for c in "jfbhdaigce"]  # names against the type order
+    return [link("root", "free", "root")] + [link(f"link{i}", k, p) for i, (k, p) in enumerate(zip(kinds, prims))]
+
+
+@pytest.mark.parametrize("variant", ["star", "amp", "amp_reversed", "amp_renamed", "amp_scoped"])
+def test_physx_link_order_rule(variant, tmp_path):
+    """PhysX numbers links breadth-first, children by joint type then joint prim path; authoring order, link
+    names and link prim order play no part."""
+    default = lambda ln: f"joints/{ln['prim']}"  # noqa: E731
+    prim_path, reverse = default, False
+    if variant == "star":
+        links = _star_links()
+    else:
+        links = mujoco_links(mujoco.MjModel.from_xml_path(str(data_file("mjcf/protomotions/amp_humanoid.xml"))))
+    if variant == "amp_reversed":
+        reverse = True
+    elif variant == "amp_renamed":  # prefixes that sort the other way round
+        order = sorted(ln["prim"] for ln in links)
+        prim_path = lambda ln: f"joints/J{len(order) - order.index(ln['prim']):02d}_{ln['prim']}"  # noqa: E731
+    elif variant == "amp_scoped":  # scopes outrank names
+        prim_path = lambda ln: f"{'zz' if 'left' in ln['prim'] else 'aa'}/{ln['prim']}"  # noqa: E731
+    scene = PhysXScene(write_usda(links, tmp_path / "robot.usda", prim_path=prim_path, reverse=reverse), "root"
+                       if variant == "star" else links[0]["name"])  # fmt: skip
+    try:
+        assert list(scene.articulation.body_names) == _expected_physx_order(links, prim_path)
+    finally:
+        scene.close()
+
+
+def test_validate_reports_a_real_order_mismatch_and_articulation_follows_it(tmp_path):
+    """Joints of the left side in another scope: PhysX orders them after the right side. The default adapter
+    says so (naming the columns); the adapter built with the articulation packs its order and matches it."""
+    path = data_file("mjcf/protomotions/amp_humanoid.xml")
+    desc, layout = _load(path)
+    scene = physx_scene(path, tmp_path, prim_path=lambda ln: f"{'zz' if 'left' in ln['prim'] else 'aa'}/{ln['prim']}")
+    try:
+        art = scene.articulation
+        with pytest.raises(LayoutMismatch, match="are articulation columns"):
+            PhysXMotionAdapter(layout).validate_articulation(art)
+        adapter = PhysXMotionAdapter(layout, articulation=art)
+        assert adapter.dof_names == tuple(art.dof_names)
+        q, qd = random_state(layout, 1, np.random.default_rng(3))
+        pose = _link_poses(scene, adapter.pack_arrays(q, qd), 0)
+        pos, _ = forward_kinematics(layout, q)
+        ids = [list(art.body_names).index(n) for n in layout.body_names]
+        np.testing.assert_allclose(pose[ids, :3], pos[0], atol=1e-5)
+    finally:
+        scene.close()
+
+
+# -- multi-hinge bodies: the CMU humanoid ------------------------------------------------------------------
+
+CMU = "mjcf/dm_control/humanoid_CMU.xml"
+CMU_PAIRS = ["lfoot", "rfoot", "lclavicle", "rclavicle", "lhand", "rhand", "lthumb", "rthumb"]
+
+
+def test_cmu_hinge_pairs_refused_with_the_reason():
+    _, layout = _load(data_file(CMU))
+    with pytest.raises(UnsupportedJointError) as info:
+        PhysXMotionAdapter(layout)
+    msg = str(info.value)
+    for body in CMU_PAIRS:
+        assert f"'{body}' (hinges" in msg
+    assert "exponential coordinates restricted to its free axes" in msg
+    for body in ("lfemur", "lhumerus", "thorax", "head"):  # left-handed, skewed triplets map to a D6
+        assert f"'{body}'" not in msg
+
+
+@pytest.fixture(scope="module")
+def cmu_without_pairs(tmp_path_factory):
+    """The CMU humanoid with each hinge pair cut to its first hinge (everything else as shipped)."""
+    spec = mujoco.MjSpec.from_file(str(data_file(CMU)))
+    cut = set()
+    for body in CMU_PAIRS:
+        joints = [j for j in spec.joints if j.parent.name == body]
+        cut.add(joints[1].name)
+        spec.delete(joints[1])
+    for actuator in [a for a in spec.actuators if a.target in cut]:
+        spec.delete(actuator)
+    path = tmp_path_factory.mktemp("cmu") / "humanoid_CMU_no_pairs.xml"
+    path.write_text(spec.to_xml())
+    return path
+
+
+def test_cmu_triplets_in_physx(cmu_without_pairs, tmp_path):
+    """The CMU humanoid's rz, ry, rx triplets (left-handed, on rotated body frames) as PhysX D6 joints:
+    poses and velocities equal our kinematics, and PhysX's state unpacks to the same motion."""
+    _, layout = _load(cmu_without_pairs)
+    adapter = PhysXMotionAdapter(layout)
+    assert {g.kind for g in adapter._groups} == {"hinge", "hinge3"}
+    _check_against_physx(cmu_without_pairs, tmp_path, frames=2, seed=7, speed=0.5)
+
+
+def test_cmu_hinge_pair_is_not_a_locked_physx_spherical(tmp_path):
+    """Why hinge pairs are refused, checked in PhysX: lfoot as a D6 with rotZ locked moves by exp(p0 a0 + p1 a1),
+    MuJoCo's two hinges by R(a0, p0) R(a1, p1); the two differ by far more than float noise."""
+    path = data_file(CMU)
+    model = mujoco.MjModel.from_xml_path(str(path))
+    links = mujoco_links(model)
+    scene = PhysXScene(write_usda(links, tmp_path / "cmu.usda"), links[0]["name"])
+    try:
+        art = scene.articulation
+        names = list(art.dof_names)
+        jp = np.zeros((1, len(names)), np.float32)
+        jp[0, names.index("lfoot:0")], jp[0, names.index("lfoot:1")] = 0.6, -0.5
+        v = scene.views
+        v["ARTICULATION_ROOT_POSE"].write(np.array([[*model.qpos0[:3], *model.qpos0[[4, 5, 6, 3]]]], np.float32))
+        v["ARTICULATION_ROOT_VELOCITY"].write(np.zeros((1, 6), np.float32))
+        v["ARTICULATION_DOF_POSITION"].write(jp)
+        v["ARTICULATION_DOF_VELOCITY"].write(np.zeros_like(jp))
+        scene.physx.update_articulations_kinematic()
+        pose = np.zeros(v["ARTICULATION_LINK_POSE"].shape, np.float32)
+        v["ARTICULATION_LINK_POSE"].read(pose)
+        got = pose[0, list(art.body_names).index("lfoot"), [6, 3, 4, 5]].astype(np.float64)
+        mj = mujoco.MjData(model)
+        mj.qpos[:] = model.qpos0
+        mj.qpos[model.joint("lfootrz").qposadr[0]], mj.qpos[model.joint("lfootrx").qposadr[0]] = 0.6, -0.5
+        mujoco.mj_kinematics(model, mj)
+        b = model.body("lfoot").id
+        mj_rot = np.array(mj.xquat[b])
+        a0, a1 = model.jnt_axis[model.joint("lfootrz").id], model.jnt_axis[model.joint("lfootrx").id]
+        mj.qpos[:] = model.qpos0
+        mujoco.mj_kinematics(model, mj)
+        exp_rot = R.quat_multiply(mj.xquat[b], R.quat_from_rotvec(0.6 * a0 - 0.5 * a1))
+        angle = lambda a, c: 2 * np.arccos(min(1.0, abs(float(a @ c))))  # noqa: E731
+        assert angle(got, exp_rot) < 1e-5
+        assert angle(got, mj_rot) > 0.1
+    finally:
+        scene.close()
