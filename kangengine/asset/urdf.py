@@ -23,7 +23,7 @@ import numpy as np
 from .. import rotations as R
 from ..errors import FileMissingError, FormatError, TopologyError, UnsupportedJointError
 from .desc import ArticulationDesc, BodyDesc, GeomDesc, GeomType, JointDesc, JointType, MimicDesc
-from .topology import body_order, check_order
+from .topology import body_order, check_order, reroot
 
 __all__ = ["URDFLoader"]
 
@@ -87,7 +87,9 @@ class URDFLoader:
     """Load URDF files into :class:`ArticulationDesc`."""
 
     @staticmethod
-    def load(path: str | os.PathLike, order: str = "DFS", *, strict: bool = True) -> ArticulationDesc:
+    def load(
+        path: str | os.PathLike, order: str = "DFS", *, strict: bool = True, root: str | None = None
+    ) -> ArticulationDesc:
         """Parse ``path`` (URDF) into an articulation.
 
         Args:
@@ -97,6 +99,9 @@ class URDFLoader:
             strict: the URDF specification requires ``<inertia>`` inside ``<inertial>`` (MuJoCo and
                 urdfdom refuse the file without it); ``strict=False`` accepts it as a zero inertia tensor
                 with a warning, as Isaac Gym does.
+            root: ``None``: the file's root link; a link name: re-root the tree there (floating base only);
+                ``"auto"``: the world-attached link, else the link of minimal eccentricity
+                (:func:`kangengine.asset.select_root`). See :func:`kangengine.asset.reroot`.
         Raises:
             FileMissingError, FormatError (malformed XML, entities/DTD, bad numbers, missing elements),
             UnsupportedJointError (planar or unknown joint types), TopologyError (no root, several
@@ -110,16 +115,17 @@ class URDFLoader:
         if not path.is_file():
             raise FileMissingError("no such URDF file; expected an existing .urdf file", path=path)
         try:
-            root = DET.parse(str(path), forbid_dtd=True).getroot()
+            xml = DET.parse(str(path), forbid_dtd=True).getroot()
         except DefusedXmlException as exc:
             raise FormatError(
                 f"refused unsafe XML ({type(exc).__name__}); DTDs and entities are not allowed", path=path
             ) from exc
         except Exception as exc:  # xml.etree.ElementTree.ParseError
             raise FormatError(f"malformed XML: {exc}", path=path) from exc
-        if root.tag != "robot":
-            raise FormatError(f"root element is <{root.tag}>; expected <robot>", path=path)
-        return _build(root, path, order, strict)
+        if xml.tag != "robot":
+            raise FormatError(f"root element is <{xml.tag}>; expected <robot>", path=path)
+        desc = _build(xml, path, order, strict)
+        return desc if root is None else reroot(desc, root, order=order)
 
 
 def _build(root, path: Path, order: str, strict: bool) -> ArticulationDesc:
