@@ -532,6 +532,10 @@ def test_single_frame_motion_has_zero_velocity():
 # -- continuity ---------------------------------------------------------------------------------------
 
 
+def _narrow(block) -> bool:
+    return block.limits is not None and block.limits[1] - block.limits[0] < 2 * np.pi - 1e-9
+
+
 @pytest.mark.parametrize("rel", ["mjcf/protomotions/smpl_humanoid.xml", "mjcf/dm_control/humanoid_CMU.xml"])
 def test_long_motion_with_full_turns_and_gimbal_crossings_stays_continuous(rel):
     """Triplet first/third angles turn several times, middle angles cross +-pi/2 (the two Davenport
@@ -553,7 +557,6 @@ def test_long_motion_with_full_turns_and_gimbal_crossings_stays_continuous(rel):
     res = mapper.to_articulation_motion(_motion(mapper, q, fps))
     got = res.motion.q.astype(np.float64)
     assert res.residual_angles.max() < 1e-5
-    hinge = [b.q_offset for b in layout.blocks if b.joint_type is JointType.HINGE]
     for b in range(layout.num_bodies):
         blocks = _hinge_blocks(layout, b)
         cols = [blk.q_offset for blk in blocks]
@@ -565,16 +568,28 @@ def test_long_motion_with_full_turns_and_gimbal_crossings_stays_continuous(rel):
             phi = np.arctan2(a1 @ np.cross(a2, a3), a1 @ a3)
             candidates.append(q[:, cols] + [np.pi, 0.0, np.pi])
             candidates[-1][:, 1] = 2 * phi - q[:, cols[1]]
-        # the mapped path is one of them, up to one constant 2 pi multiple per hinge
+        # the mapped path is one of them: up to one constant 2 pi multiple per hinge, and for a hinge whose
+        # limits span less than 2 pi, up to the per-frame turn that keeps it within pi of its limits' middle
+        narrow = np.array([_narrow(blk) for blk in blocks])
         ok = []
         for c in candidates:
             d = got[:, cols] - c
-            ok.append(
-                np.abs(d - d[0]).max() < 5e-4 and np.abs(d[0] - 2 * np.pi * np.rint(d[0] / (2 * np.pi))).max() < 1e-4
-            )
+            turns = d / (2 * np.pi)
+            exact_turns = np.abs(turns - np.rint(turns)).max() < 1e-4
+            constant = np.abs(d - d[0])[:, ~narrow].max(initial=0.0) < 5e-4
+            ok.append(exact_turns and constant)
         assert any(ok), layout.body_names[b]
-    jumps = np.abs(np.diff(got[:, hinge], axis=0)).max(axis=0)
-    assert np.all(jumps <= np.abs(np.diff(q[:, hinge], axis=0)).max(axis=0) + 1e-4)
+        for blk, nar in zip(blocks, narrow):
+            if nar:
+                mid = 0.5 * (blk.limits[0] + blk.limits[1])
+                assert np.abs(got[:, blk.q_offset] - mid).max() <= np.pi + 1e-6, blk.joint_name
+    wide = [b.q_offset for b in layout.blocks if b.joint_type is JointType.HINGE and not _narrow(b)]
+    jumps = np.abs(np.diff(got[:, wide], axis=0)).max(axis=0, initial=0.0)
+    assert np.all(jumps <= np.abs(np.diff(q[:, wide], axis=0)).max(axis=0, initial=0.0) + 1e-4)
+    # qd follows the unwrapped path: no 2 pi / dt spikes where a narrow hinge was re-wrapped
+    assert np.abs(res.motion.qd[:, 6:]).max() < 20.0
+    winds_narrow = any(_narrow(b) for b in layout.blocks if b.joint_type is JointType.HINGE)
+    assert bool(res.motion.metadata["mapper"]["rewrapped_frames"]) == winds_narrow
     # root quaternion: sign-continuous
     quat = got[:, 3:7]
     assert np.all(np.sum(quat[1:] * quat[:-1], axis=-1) > 0.99)
@@ -734,3 +749,35 @@ def test_real_cmu_clip_retargeted_onto_the_cmu_humanoid_is_continuous():
     wanted = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz), local)
     got = R.quat_multiply(R.quat_conjugate(layout.rest_rotations_wxyz), rot)
     np.testing.assert_allclose(R.quat_angle_between(got, wanted)[:, 1:], res.residual_angles[:, 1:], atol=2e-4)
+
+
+def test_a_narrow_hinge_never_winds_and_the_summary_says_what_left_its_limits():
+    """A knee (limits narrower than 2 pi) whose wanted rotation goes the long way round, past its upper limit
+    through the back and in again from below: unwrapping alone would end the clip one turn up (6.48 rad, and
+    clamping would then pin it at the limit for the rest of the clip); the mapper brings those frames back
+    to the nearest turn, keeps qd on the unwrapped path, and records the violation and the re-wrapped frames."""
+    layout = _layout("mjcf/dm_control/humanoid_CMU.xml", free_root=True)
+    mapper = ArticulationMotionMapper(layout)
+    knee = next(b for b in layout.blocks if "tibia" in b.joint_name and len(_hinge_blocks(layout, b.body_index)) == 1)
+    lo, hi = knee.limits
+    assert hi - lo < 2 * np.pi
+    n, fps = 400, 60.0
+    path = np.empty(n)
+    path[: n // 2] = np.linspace(0.5 * (lo + hi), lo + 2 * np.pi + 0.2, n // 2)  # up, round the back
+    path[n // 2 :] = lo + 2 * np.pi + 0.2 - np.linspace(0, 0.1, n - n // 2)  # just inside again, one turn up
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, knee.q_offset] = path
+    for clamp in (False, True):
+        res = mapper.to_articulation_motion(_motion(mapper, q, fps), clamp_to_limits=clamp)
+        got = res.motion.q[:, knee.q_offset].astype(np.float64)
+        turns = (got - path) / (2 * np.pi)
+        wrapped = lo + np.mod(path - lo, 2 * np.pi)  # the wanted rotation's turn that starts at the lower limit
+        same = np.ones(n, bool) if not clamp else wrapped <= hi  # clamped frames moved to a limit
+        np.testing.assert_allclose(turns[same], np.rint(turns[same]), atol=1e-4)  # the same rotation
+        tail = got[n // 2 :]
+        assert np.all((tail >= lo - 1e-5) & (tail <= hi + 1e-5))  # back inside its limits, not one turn up
+        meta = res.motion.metadata["mapper"]
+        assert meta["rewrapped_frames"][knee.joint_name] >= n // 2
+        assert meta["limit_violation_max"] > 0.5 and knee.joint_name in meta["limit_violation_dofs"]
+        if not clamp:
+            assert np.abs(res.motion.qd[:, knee.qd_offset]).max() < 2 * np.pi * fps / n * 4  # no 2 pi / dt spike

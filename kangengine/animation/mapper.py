@@ -690,8 +690,12 @@ class ArticulationMotionMapper:
             frames' two solutions are matched by a vectorised nearest-pair rule and the track with the
             smaller total limit violation, then smaller angles, is kept); hinge angles are unwrapped and
             shifted by a constant multiple of 2 pi into their limits (unlimited hinges: first frame within
-            pi of ``ref``); quaternions (free root, balls) are sign-continuous with ``w >= 0`` at frame 0.
-            ``qd`` are central differences through ``layout.difference`` (one-sided at the ends; zeros for
+            pi of ``ref``); a hinge whose limits span less than 2 pi cannot wind: its frames more than pi
+            from the middle of its limits are re-wrapped to the nearest feasible turn (counted per DOF in
+            ``metadata["mapper"]["rewrapped_frames"]``, with the limit violations and clamping amounts);
+            quaternions (free root, balls) are sign-continuous with ``w >= 0`` at frame 0.
+            ``qd`` are central differences through ``layout.difference`` of the unwrapped path (the
+            clamped one when clamping; one-sided at the ends; zeros for
             a single frame).
         """
         if not isinstance(skeleton_motion, SkeletonMotion):
@@ -705,19 +709,43 @@ class ArticulationMotionMapper:
         L = np.asarray(m.local_rotation)
         rt = np.asarray(m.root_translation)
         dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
-        q, residual, clamped = self._solve(
+        q, residual, clamped, rewrapped, q_path = self._solve(
             L.astype(dtype, copy=False), rt.astype(dtype, copy=False), time_axis=True, clamp=clamp_to_limits
         )
         lay = self.layout
         fps = skeleton_motion.fps
-        qd = self.velocities(q, fps)
+        qd = self.velocities(q_path, fps)
         meta = dict(skeleton_motion.metadata)
-        meta["mapper"] = {
-            "clamp_to_limits": bool(clamp_to_limits),
-            "max_residual_angle": float(residual.max()) if residual.size else 0.0,
-        }
+        meta["mapper"] = self._mapping_summary(q, residual, clamped, rewrapped, clamp_to_limits)
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
+
+    def _mapping_summary(self, q, residual, clamped, rewrapped, clamp_to_limits: bool) -> dict:
+        """What a user must see about a mapped clip (kept in the motion's metadata): residuals, how far the
+        reference leaves the joint limits (before clamping), how much clamping moved, and the hinges whose
+        frames were brought back from a wound angle (:meth:`_rewrap_narrow`)."""
+        lay = self.layout
+        lo, hi = lay.dof_lower, lay.dof_upper
+        scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
+        viol = {}
+        for b in scalar:
+            col = q[:, b.q_offset].astype(np.float64) - clamped[:, b.qd_offset]  # the value before clamping
+            over = np.maximum(lo[b.qd_offset] - col, 0.0) + np.maximum(col - hi[b.qd_offset], 0.0)
+            if over.size and float(over.max()) > 1e-6:
+                viol[lay.dof_names[b.qd_offset]] = {
+                    "max": float(over.max()),
+                    "fraction": float((over > 1e-6).mean()),
+                }
+        worst = sorted(viol.items(), key=lambda kv: -kv[1]["max"])[:10]
+        names = [lay.dof_names[int(v)] for v in self._hinge_v] if len(self._hinge_v) else []
+        return {
+            "clamp_to_limits": bool(clamp_to_limits),
+            "max_residual_angle": float(residual.max()) if residual.size else 0.0,
+            "limit_violation_max": max((v["max"] for v in viol.values()), default=0.0),
+            "limit_violation_dofs": dict(worst),
+            "clamped_max": float(np.abs(clamped).max()) if clamped.size else 0.0,
+            "rewrapped_frames": {names[i]: int(n) for i, n in enumerate(rewrapped) if n},
+        }
 
     def to_articulation_coordinates(
         self, skeleton_state: SkeletonState, *, clamp_to_limits: bool = False
@@ -746,7 +774,7 @@ class ArticulationMotionMapper:
         dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
         L2 = L.reshape((-1,) + L.shape[-2:]).astype(dtype, copy=False)
         rt2 = rt.reshape(-1, 3).astype(dtype, copy=False)
-        q, residual, clamped = self._solve(L2, rt2, time_axis=False, clamp=clamp_to_limits)
+        q, residual, clamped, _, _ = self._solve(L2, rt2, time_axis=False, clamp=clamp_to_limits)
         nb = self.layout.num_bodies
         return CoordinatesResult(
             q=q.reshape(lead + (self.layout.nq,)),
@@ -845,7 +873,9 @@ class ArticulationMotionMapper:
 
     # -- the solver ------------------------------------------------------------------------------------
     def _solve(self, L: np.ndarray, root_translation: np.ndarray, *, time_axis: bool, clamp: bool):
-        """L ``[N, B, 4]``, root ``[N, 3]`` -> q ``[N, nq]``, residual ``[N, B]``, clamped ``[N, nv]``."""
+        """L ``[N, B, 4]``, root ``[N, 3]`` -> q ``[N, nq]``, residual ``[N, B]``, clamped ``[N, nv]``,
+        ``[hinges]`` frames re-wrapped per hinge (:meth:`_rewrap_narrow`), and the path ``qd`` differentiates:
+        the unwrapped angles before re-wrapping (same rotations, no 2 pi steps), or the clamped ``q``."""
         lay = self.layout
         N = L.shape[0]
         dt = L.dtype
@@ -870,10 +900,12 @@ class ArticulationMotionMapper:
             self._solve_hinges(L, q, residual, time_axis)  # checks every quaternion on the way
         else:
             self._check_nonzero(np.moveaxis(L, -1, 0), 0)
+        q_path = q.copy() if time_axis and not clamp and self._hinge_narrow.any() else q
+        rewrapped = self._rewrap_narrow(q)  # after this q_path (if a copy) keeps the continuous angles
         clamped = np.zeros((N, lay.nv), dtype=dt)
         if clamp:
             self._clamp(q, clamped, residual, L)
-        return q, residual, clamped
+        return q, residual, clamped, rewrapped, q_path
 
     def _check_nonzero(self, Lt: np.ndarray, frame0: int):
         """:class:`FormatError` for an all-zero quaternion in a block ``Lt [4, m, B]`` (frames from
@@ -1171,6 +1203,24 @@ class ArticulationMotionMapper:
         moved = np.flatnonzero(shift != 0)
         if moved.size:
             q[:, hq[moved]] += (_TWO_PI * shift[moved]).astype(dt)
+
+    def _rewrap_narrow(self, q: np.ndarray) -> np.ndarray:
+        """A hinge whose limits span less than 2 pi cannot wind: every frame of it that lies more than pi
+        from the middle of its limits (already outside them) gets the 2 pi multiple that brings it closest
+        to that middle, so a long clip never accumulates turns (one hip wound from -6.9 to 8.0 rad on a
+        dance). Returns ``[hinges]`` the number of frames moved per hinge (in place on ``q``)."""
+        narrow = np.flatnonzero(self._hinge_narrow)
+        moved = np.zeros(len(self._hinge_q), dtype=np.int64)
+        if narrow.size == 0 or q.shape[0] == 0:
+            return moved
+        cols = self._hinge_q[narrow]
+        v = q[:, cols]
+        turns = np.rint((self._hinge_center[narrow].astype(q.dtype) - v) * (1.0 / _TWO_PI))
+        hit = turns != 0
+        if hit.any():
+            q[:, cols] = v + (_TWO_PI * turns).astype(q.dtype)
+            moved[narrow] = hit.sum(axis=0)
+        return moved
 
     def _clamp(self, q, clamped, residual, L):
         lay = self.layout
