@@ -10,18 +10,37 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import json
+import math
+import operator
 import os
 import pickle
+import pickletools
 import tempfile
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import FileMissingError, FormatError, KangEngineError
+from .errors import FileMissingError, FormatError, KangEngineError, NonFiniteError
 
-__all__ = ["atomic_write", "load_npz", "RestrictedUnpickler", "load_pickle", "load_npy", "loads_restricted"]
+__all__ = [
+    "atomic_write",
+    "load_npz",
+    "npz_keys",
+    "npz_array",
+    "npz_scalar",
+    "npz_json",
+    "unit_quaternions",
+    "QUAT_NORM_TOLERANCE",
+    "NPZ_MAX_DEFLATE_RATIO",
+    "RestrictedUnpickler",
+    "load_pickle",
+    "load_npy",
+    "loads_restricted",
+]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[object], None], *, suffix: str = "") -> Path:
@@ -53,29 +72,260 @@ def _umask() -> int:
     return mask
 
 
-def load_npz(path: str | os.PathLike, *, required: tuple[str, ...] = (), kind: str = "npz") -> dict:
-    """Read every array of an ``.npz`` file without pickle.
+#: Largest ``|norm - 1|`` of a stored quaternion that readers normalise (with a note in the motion's metadata);
+#: beyond it the file is refused. Float32 rounding of a unit quaternion is ~1e-7; poselib's float64 backflip
+#: clip deviates by 6e-6; a quaternion off by 1e-3 was not written as a rotation.
+QUAT_NORM_TOLERANCE = 1e-3
+
+#: Most bytes a deflated zip member can expand to per compressed byte (deflate's limit is about 1032:1).
+NPZ_MAX_DEFLATE_RATIO = 1100
+_NPY_HEADER_MAX = 65536  # numpy refuses headers over 10000 characters itself
+
+
+def _npz_fail(msg, path, item=None, exc=None):
+    detail = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+    return FormatError(f"{msg}{detail}", path=path, item=item)
+
+
+def npz_keys(path: str | os.PathLike, *, kind: str = "npz") -> list[str]:
+    """The array names of an ``.npz`` file, read from its zip directory only (no member is read).
 
     Raises:
         FileMissingError: no such file.
-        FormatError: not a readable npz, an object (pickled) array, or a missing ``required`` key.
+        FormatError: not an npz file (not a zip archive).
     """
     path = Path(path)
     if not path.is_file():
         raise FileMissingError(f"no such {kind} file", path=path)
+    with _open_zip(path) as zf:
+        return [_member_key(i.filename) for i in zf.infolist()]
+
+
+def _member_key(name: str) -> str:
+    return name[:-4] if name.endswith(".npy") else name
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except ValueError as exc:
+        return zipfile.ZipFile(path)
+    except Exception as exc:  # BadZipFile, OSError, ValueError, struct.error, ...
+        raise _npz_fail("not an npz file; expected a zip archive of .npy arrays (np.savez)", path, exc=exc) from exc
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, file_size: int) -> np.ndarray:
+    """One ``.npy`` member, with every size its headers claim checked against the bytes that exist."""
+    key = _member_key(info.filename)
+    if info.header_offset + info.compress_size > file_size:
         raise FormatError(
-            f"holds pickled objects, which are refused ({exc}); expected plain arrays", path=path
-        ) from exc
-    except Exception as exc:
-        raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise FormatError(f"missing keys {missing}; a {kind} file holds {list(required)}", path=path)
-    return data
+            f"member claims {info.compress_size} stored bytes at offset {info.header_offset}; the file has "
+            f"{file_size} bytes",
+            path=path,
+            item=key,
+        )
+    stored = info.compress_type == zipfile.ZIP_STORED
+    limit = info.compress_size if stored else NPZ_MAX_DEFLATE_RATIO * info.compress_size
+    if info.file_size > limit:
+        raise FormatError(
+            f"member claims {info.file_size} bytes from {info.compress_size} stored bytes; expected at most {limit}",
+            path=path,
+            item=key,
+        )
+    try:
+        with zf.open(info) as f:
+            head = io.BytesIO(f.read(min(info.file_size, _NPY_HEADER_MAX)))
+            shape, fortran, dtype = _npy_header(head)
+            if dtype.hasobject:
+                raise FormatError(
+                    f"is a pickled object array (dtype {dtype}), which is refused; expected a plain array",
+                    path=path,
+                    item=key,
+                )
+            nbytes = _claimed_bytes(shape, dtype, path, key)
+            offset = head.tell()
+            if nbytes != info.file_size - offset:
+                raise FormatError(
+                    f"header claims shape {shape} of {dtype} ({nbytes} bytes); the member holds "
+                    f"{info.file_size - offset} bytes of data",
+                    path=path,
+                    item=key,
+                )
+            buf = bytearray(nbytes)
+            view = memoryview(buf)
+            have = head.readinto(view)
+            while have < nbytes:
+                n = f.readinto(view[have:])
+                if not n:
+                    raise FormatError(f"truncated: {have} of {nbytes} data bytes", path=path, item=key)
+                have += n
+            if f.read(1):  # also makes zipfile check the member's CRC
+                raise FormatError(f"more than the {nbytes} data bytes its header claims", path=path, item=key)
+    except KangEngineError:
+        raise
+    except Exception as exc:  # BadZipFile (CRC), zlib.error, EOFError, NotImplementedError, ...
+        raise _npz_fail("not a readable npz member", path, key, exc) from exc
+    try:
+        return np.frombuffer(buf, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    except (ValueError, TypeError) as exc:  # a zero itemsize, an odd structured dtype
+        raise _npz_fail(f"cannot hold shape {shape} of {dtype}", path, key, exc) from None
+
+
+def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)  # 2.0 and 3.0 share the header layout
+
+
+def _claimed_bytes(shape, dtype: np.dtype, path, item) -> int:
+    n = dtype.itemsize
+    for s in shape:
+        if not isinstance(s, int) or s < 0:
+            raise FormatError(f"header shape {shape}; expected non-negative integers", path=path, item=item)
+        n *= s
+    return n
+
+
+def load_npz(
+    path: str | os.PathLike,
+    *,
+    required: tuple[str, ...] = (),
+    optional: tuple[str, ...] | None = None,
+    kind: str = "npz",
+) -> dict:
+    """Read arrays of an ``.npz`` file without pickle, bounded by the file's size.
+
+    Only the members named in ``required`` and ``optional`` are read (``optional=None``: every member). Before
+    anything is allocated, what each zip and ``.npy`` header claims is checked against the bytes that exist: a
+    stored member holds at most the file's size, a deflated one at most :data:`NPZ_MAX_DEFLATE_RATIO` times its
+    compressed bytes, and its array exactly the bytes after its header. Memory is therefore bounded by the
+    file's size (stored members, what ``np.savez`` writes) or by that ratio (``np.savez_compressed``).
+
+    Returns:
+        ``{key: ndarray}`` for the members read (writable arrays, the file's dtypes and shapes).
+
+    Raises:
+        FileMissingError: no such file.
+        FormatError: not an npz file, a member that holds pickled objects, a header claiming more bytes than
+            exist, a corrupt or truncated member, or a missing ``required`` key (each names the file and key).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileMissingError(f"no such {kind} file", path=path)
+    file_size = path.stat().st_size
+    with _open_zip(path) as zf:
+        members = {_member_key(i.filename): i for i in zf.infolist()}
+        missing = [k for k in required if k not in members]
+        if missing:
+            raise FormatError(
+                f"missing keys {missing}; a {kind} file holds {list(required)} (this one: {sorted(members)[:20]})",
+                path=path,
+            )
+        wanted = list(members) if optional is None else [k for k in (*required, *optional) if k in members]
+        return {k: _read_member(zf, members[k], path, file_size) for k in dict.fromkeys(wanted)}
+
+
+def npz_array(z: Mapping, key: str, path, *, kind: str = "f", ndim: int | None = None, last: int | None = None):
+    """``z[key]`` checked: ``kind="f"`` numeric (integers become float64) and finite, ``"i"`` integer, ``"U"``
+    text; ``ndim`` dimensions; ``last`` the size of the last axis.
+
+    Raises:
+        FormatError, NonFiniteError: naming ``path`` and ``key``.
+    """
+    a = z[key]
+    if kind == "f":
+        if a.dtype.kind not in "fiu":
+            raise FormatError(f"dtype {a.dtype}; expected floats", path=path, item=key)
+        if a.dtype.kind != "f":
+            a = a.astype(np.float64)
+        if not np.isfinite(a).all():
+            raise NonFiniteError("holds NaN or inf; expected finite numbers", path=path, item=key)
+    elif kind == "i" and a.dtype.kind not in "iu":
+        raise FormatError(f"dtype {a.dtype}; expected integers", path=path, item=key)
+    elif kind == "U" and a.dtype.kind not in "U":
+        raise FormatError(f"dtype {a.dtype}; expected text", path=path, item=key)
+    if ndim is not None and a.ndim != ndim:
+        raise FormatError(f"shape {a.shape}; expected {ndim} dimensions", path=path, item=key)
+    if last is not None and (a.ndim == 0 or a.shape[-1] != last):
+        raise FormatError(f"shape {a.shape}; expected a last axis of {last}", path=path, item=key)
+    return a
+
+
+def npz_scalar(z: Mapping, key: str, path, *, kind: type = float):
+    """The one value of ``z[key]`` as ``float`` (finite), ``int`` or ``str``.
+
+    Raises:
+        FormatError: not one value, or not of that kind (naming ``path`` and ``key``).
+    """
+    a = z[key]
+    if a.size != 1:
+        raise FormatError(f"shape {a.shape}; expected one value", path=path, item=key)
+    v = a.reshape(()).item()
+    if kind is str:
+        if a.dtype.kind != "U":
+            raise FormatError(f"dtype {a.dtype}; expected text", path=path, item=key)
+        return str(v)
+    ok = a.dtype.kind in ("iu" if kind is int else "fiu")
+    if not ok:
+        raise FormatError(
+            f"is {str(v)[:40]!r} ({a.dtype}); expected {'an integer' if kind is int else 'a number'}",
+            path=path,
+            item=key,
+        )
+    try:
+        v = kind(v)
+    except (OverflowError, ValueError, TypeError):
+        raise FormatError(f"is {v!r}; expected a {kind.__name__}", path=path, item=key) from None
+    if kind is float and not math.isfinite(v):
+        raise FormatError(f"is {v}; expected a finite number", path=path, item=key)
+    return v
+
+
+def npz_json(z: Mapping, key: str, path, *, expect: type = dict):
+    """``json.loads`` of the text in ``z[key]``, which must decode to an ``expect``.
+
+    Raises:
+        FormatError: not text, not JSON (or nested too deeply), or not an ``expect`` (naming ``path`` and ``key``).
+    """
+    text = npz_scalar(z, key, path, kind=str)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _npz_fail("is not valid JSON", path, key, exc) from None
+    if not isinstance(value, expect):
+        raise FormatError(f"holds JSON {type(value).__name__}; expected {expect.__name__}", path=path, item=key)
+    return value
+
+
+def unit_quaternions(q: np.ndarray, *, path=None, item: str = "quaternions", tol: float = QUAT_NORM_TOLERANCE):
+    """``q [..., 4]`` (any order) normalised, refusing zero and non-unit quaternions.
+
+    Returns:
+        ``(q_unit, note)``: ``q`` itself with ``note=None`` when every norm is 1 to within 8 epsilons of its
+        dtype; else ``q`` divided by its norms (same dtype) and a sentence (the largest deviation) for the
+        motion's metadata.
+
+    Raises:
+        FormatError: a quaternion whose norm differs from 1 by more than ``tol`` (naming ``path``, ``item`` and
+            the first bad index).
+    """
+    norm = np.sqrt(np.einsum("...i,...i->...", q, q, dtype=np.float64))
+    dev = np.abs(norm - 1.0)
+    if dev.size == 0:
+        return q, None
+    worst = float(dev.max()) if np.isfinite(dev).all() else math.inf
+    if worst > tol:
+        bad = np.argwhere(~(dev <= tol))[0]
+        raise FormatError(
+            f"quaternion {tuple(int(i) for i in bad)} has norm {float(norm[tuple(bad)]):.6g}; expected unit "
+            f"quaternions (|norm - 1| <= {tol})",
+            path=path,
+            item=item,
+        )
+    eps = float(np.finfo(q.dtype).eps) if q.dtype.kind == "f" else 1e-15
+    if worst <= 8 * eps:  # unit to float rounding: kept bit for bit (round trips stay exact)
+        return q, None
+    note = f"normalised {item}: largest |norm - 1| was {worst:.3g} (tolerance {tol})"
+    return (q / norm[..., None]).astype(q.dtype, copy=False), note
 
 
 # -- restricted unpickling ------------------------------------------------------------------------------
@@ -101,20 +351,183 @@ def _codecs_encode(obj, encoding="utf-8", errors="strict"):
     return codecs.encode(obj, encoding, errors)
 
 
-def _default_globals() -> dict[tuple[str, str], Any]:
+#: What the restricted unpickler may allocate, per byte of the pickle it reads (plus
+#: :data:`PICKLE_BUDGET_SLACK`): arrays, bytes, strings and container copies built by the globals it admits
+#: are charged against it before (sized constructors) or as (copies) they are made.
+PICKLE_BUDGET_FACTOR = 4
+PICKLE_BUDGET_SLACK = 1 << 20
+
+
+class _Budget:
+    """Bytes an unpickler may still allocate through the globals it admits."""
+
+    def __init__(self, limit: int, path, size: int | None):
+        self.left = int(limit)
+        self.limit = int(limit)
+        self.path = path
+        self.size = size
+
+    def charge(self, nbytes: int, what: str) -> None:
+        if nbytes > self.left:
+            source = f"a {self.size}-byte pickle" if self.size is not None else "this pickle"
+            raise FormatError(
+                f"{what} asks for {nbytes} bytes; {source} may allocate at most {self.limit} in all "
+                f"({self.left} left); expected arrays no larger than the data the file holds",
+                path=self.path,
+            )
+        self.left -= int(nbytes)
+
+
+def _array_bytes(shape, dtype, budget: _Budget, what: str) -> int:
+    try:
+        dims = tuple(operator.index(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        itemsize = np.dtype(dtype).itemsize
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"{what}: shape {shape!r} / dtype {dtype!r} ({exc})", path=budget.path) from None
+    n = max(itemsize, 1)
+    for d in dims:
+        if d < 0:
+            raise FormatError(f"{what}: shape {dims} has a negative size", path=budget.path)
+        n *= d
+    budget.charge(n, f"{what} of shape {dims}")
+    return n
+
+
+class _PickledArrayBase(np.ndarray):
+    """The arrays a restricted pickle builds: ``__setstate__`` checks the state before numpy sees it (numpy
+    trusts it: an object array given fewer items than its shape holds NULL pointers and crashes on use)."""
+
+    _budget: _Budget
+
+    def __new__(cls, shape, dtype=float, *rest):
+        """``numpy.ndarray(shape, dtype)`` as a pickle's REDUCE calls it, charged first (no buffer arguments)."""
+        if rest:
+            raise FormatError(
+                "refused numpy.ndarray(...) over a buffer; expected (shape, dtype)", path=cls._budget.path
+            )
+        _array_bytes(shape, dtype, cls._budget, "numpy.ndarray")
+        return super().__new__(cls, shape, dtype)
+
+    def __setstate__(self, state):
+        budget = type(self)._budget
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise FormatError(f"array state {type(state).__name__}; expected numpy's tuple", path=budget.path)
+        shape, dtype, _fortran, data = state[-4:]
+        if not isinstance(dtype, np.dtype) or not isinstance(shape, tuple):
+            raise FormatError("array state without a shape tuple and a dtype", path=budget.path)
+        nbytes = _array_bytes(shape, dtype, budget, "pickled array")
+        count = nbytes // max(dtype.itemsize, 1)
+        if dtype.hasobject:
+            if not isinstance(data, list) or len(data) != count:
+                raise FormatError(
+                    f"object array of shape {shape} with {len(data) if isinstance(data, list) else 'no'} items; "
+                    f"expected a list of {count}",
+                    path=budget.path,
+                )
+        elif not isinstance(data, (bytes, bytearray, str)) or len(data) != nbytes:
+            raise FormatError(
+                f"array of shape {shape} {dtype} with {len(data) if hasattr(data, '__len__') else 'no'} data "
+                f"bytes; expected {nbytes}",
+                path=budget.path,
+            )
+        try:
+            super().__setstate__(state)
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"bad array state ({exc})", path=budget.path) from None
+
+
+def _plain(obj, seen: dict):
+    """``obj`` with every :class:`_PickledArrayBase` replaced by a plain ``np.ndarray`` view (containers are
+    rebuilt or updated in place; cycles are followed once)."""
+    key = id(obj)
+    if key in seen:
+        return seen[key]
+    if isinstance(obj, np.ndarray):
+        out = obj.view(np.ndarray)
+        seen[key] = out
+        if out.dtype.hasobject:
+            flat = out.reshape(-1)
+            for i in range(flat.size):
+                flat[i] = _plain(flat[i], seen)
+        return out
+    if isinstance(obj, list):
+        seen[key] = obj
+        obj[:] = [_plain(x, seen) for x in obj]
+        return obj
+    if isinstance(obj, dict):
+        seen[key] = obj
+        for k in list(obj):
+            obj[k] = _plain(obj[k], seen)
+        return obj
+    if isinstance(obj, tuple):
+        out = tuple(_plain(x, seen) for x in obj)
+        seen[key] = out
+        return out
+    return obj
+
+
+def _shallow_bytes(obj) -> int:
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj) + 64
+    if isinstance(obj, (list, tuple, set, frozenset, dict)):
+        return 8 * len(obj) + 64
+    return 64
+
+
+def _charged(fn, budget: _Budget, name: str):
+    """``fn`` (a builtin type): a size-only argument (``bytearray(10**9)``) is refused before it allocates; any
+    result is charged by its size."""
+
+    def call(*args, **kwargs):
+        if name in ("bytes", "bytearray") and args and isinstance(args[0], int):
+            budget.charge(int(args[0]), f"builtins.{name}({args[0]})")
+            return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        budget.charge(_shallow_bytes(out), f"builtins.{name}")
+        return out
+
+    call.__name__ = name
+    return call
+
+
+def _default_globals(budget: _Budget) -> dict[tuple[str, str], Any]:
     multiarray = _numpy_core("multiarray")
     numeric = _numpy_core("numeric")
+    array_type = type("ndarray", (_PickledArrayBase,), {"_budget": budget})
+
+    def reconstruct(subtype, shape, dtype):
+        if subtype is not array_type:
+            raise FormatError(f"refused _reconstruct of {subtype!r}; expected numpy.ndarray", path=budget.path)
+        _array_bytes(shape, np.uint8 if isinstance(dtype, bytes) else dtype, budget, "_reconstruct")
+        return multiarray._reconstruct(array_type, shape, dtype)
+
+    def scalar(dtype, *data):
+        if not isinstance(dtype, np.dtype) or dtype.hasobject:
+            raise FormatError(f"refused numpy scalar of {dtype!r}; expected a plain dtype", path=budget.path)
+        budget.charge(dtype.itemsize, "numpy scalar")
+        return multiarray.scalar(dtype, *data)
+
+    def frombuffer(buf, dtype, shape, order):
+        out = numeric._frombuffer(buf, dtype, shape, order)
+        budget.charge(out.nbytes, "numpy array from a buffer")
+        return out
+
+    def codecs_encode(obj, encoding="utf-8", errors="strict"):
+        out = _codecs_encode(obj, encoding, errors)
+        budget.charge(len(out), "_codecs.encode")
+        return out
+
     allowed: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "ndarray"): array_type,
         ("numpy", "dtype"): np.dtype,
-        ("collections", "OrderedDict"): collections.OrderedDict,
-        ("_codecs", "encode"): _codecs_encode,
+        ("collections", "OrderedDict"): _charged(collections.OrderedDict, budget, "OrderedDict"),
+        ("_codecs", "encode"): codecs_encode,
     }
     for core in ("numpy.core", "numpy._core"):
-        allowed[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
-        allowed[(f"{core}.multiarray", "scalar")] = multiarray.scalar
+        allowed[(f"{core}.multiarray", "_reconstruct")] = reconstruct
+        allowed[(f"{core}.multiarray", "scalar")] = scalar
         if hasattr(numeric, "_frombuffer"):
-            allowed[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
+            allowed[(f"{core}.numeric", "_frombuffer")] = frombuffer
     for name in (
         "dict",
         "list",
@@ -129,7 +542,7 @@ def _default_globals() -> dict[tuple[str, str], Any]:
         "str",
         "bytes",
     ):
-        allowed[("builtins", name)] = getattr(__import__("builtins"), name)
+        allowed[("builtins", name)] = _charged(getattr(__import__("builtins"), name), budget, name)
     return allowed
 
 
@@ -137,8 +550,30 @@ def _default_globals() -> dict[tuple[str, str], Any]:
 _PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg", "cPickle": "pickle"}
 
 
+def _remaining_bytes(file) -> int | None:
+    try:
+        pos = file.tell()
+        end = file.seek(0, os.SEEK_END)
+        file.seek(pos)
+        return end - pos
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_opcodes(data: bytes, path) -> None:
+    """Walk the opcodes of the pickle in ``data`` without building anything: every length a counted opcode
+    claims (``BINBYTES8``, ``BYTEARRAY8``, ...) must fit in the bytes that exist. CPython's unpickler allocates
+    the claimed length before reading (a 20-byte pickle claiming 1.9 GB allocates 1.9 GB)."""
+    try:
+        for _ in pickletools.genops(io.BytesIO(data)):
+            pass
+    except (ValueError, EOFError, OverflowError, MemoryError) as exc:  # truncated, unknown opcode, bad text
+        raise FormatError(f"not a readable pickle ({exc})", path=path) from None
+
+
 class RestrictedUnpickler(pickle.Unpickler):
-    """A :class:`pickle.Unpickler` that rebuilds only numpy arrays and plain Python containers.
+    """A :class:`pickle.Unpickler` that rebuilds only numpy arrays and plain Python containers, in memory
+    bounded by the pickle's size.
 
     ``find_class`` admits numpy array reconstruction (``numpy.core.multiarray._reconstruct`` and its
     numpy 2 name ``numpy._core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``, numpy
@@ -146,12 +581,20 @@ class RestrictedUnpickler(pickle.Unpickler):
     and scalar types; everything else raises :class:`~kangengine.errors.FormatError` naming the file and
     the global, so no code from the file ever runs. Persistent ids are refused too.
 
+    Memory: before unpickling, the opcodes are walked (:mod:`pickletools`) so that no length a counted opcode
+    claims exceeds the bytes that exist; the admitted globals charge what they build (array sizes from shapes,
+    ``bytearray(n)``, container copies) against a budget of :data:`PICKLE_BUDGET_FACTOR` bytes per pickle byte
+    plus :data:`PICKLE_BUDGET_SLACK`, checked before a sized allocation; array states are checked against
+    their shape and dtype before numpy sees them. Arrays come back as plain ``np.ndarray``.
+
     Args:
         file: a binary file object positioned at the pickle.
         path: the file's path, used in error messages.
         extra_globals: more ``{(module, name): object}`` to admit (the SMPL model reader adds stand-ins
             for ``scipy.sparse`` matrices this way).
         encoding: how to decode Python 2 ``str`` objects (``"latin1"`` keeps numpy buffers intact).
+        max_bytes: the allocation budget; default from the bytes left in ``file`` (a stream that cannot
+            seek: 1 GiB).
     """
 
     def __init__(
@@ -161,12 +604,28 @@ class RestrictedUnpickler(pickle.Unpickler):
         path: str | os.PathLike | None = None,
         extra_globals: Mapping[tuple[str, str], Any] | None = None,
         encoding: str = "latin1",
+        max_bytes: int | None = None,
     ):
         super().__init__(file, encoding=encoding, fix_imports=False)
+        self._file = file
         self._path = path
-        self._allowed = _default_globals()
+        size = _remaining_bytes(file)
+        if max_bytes is None:
+            max_bytes = (1 << 30) if size is None else PICKLE_BUDGET_FACTOR * size + PICKLE_BUDGET_SLACK
+        self._budget = _Budget(max_bytes, path, size)
+        self._allowed = _default_globals(self._budget)
         if extra_globals:
             self._allowed.update(extra_globals)
+
+    def load(self):
+        """Unpickle one object (opcode lengths checked first when the file can seek)."""
+        pos = None
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            pos = self._file.tell()
+        if pos is not None and self._budget.size is not None:
+            _check_opcodes(self._file.read(), self._path)
+            self._file.seek(pos)
+        return _plain(super().load(), {})
 
     def find_class(self, module: str, name: str):
         module = _PY2_MODULES.get(module, module)
@@ -222,30 +681,40 @@ def load_pickle(path: str | os.PathLike, *, extra_globals: Mapping[tuple[str, st
 def load_npy(path: str | os.PathLike):
     """Read a ``.npy`` file; an object array (a pickled payload) goes through :class:`RestrictedUnpickler`.
 
+    Memory is bounded by the file's size: the header is read from the file's first 64 KiB, a plain array must
+    hold exactly the bytes its header claims, and a pickle is unpickled within the unpickler's budget.
+
     Returns:
         a numpy array; for a 0-d object array (what ``np.save(path, some_dict)`` writes) the object
         itself (``arr.item()``), e.g. poselib's dict.
 
     Raises:
-        FileMissingError, FormatError: no such file, not an ``.npy`` file, a refused pickle global,
-        truncated data.
+        FileMissingError, FormatError: no such file, not an ``.npy`` file, a header claiming more data than
+        the file holds, a refused pickle global, truncated data.
     """
     path = _check_file(path)
+    size = path.stat().st_size
     with open(path, "rb") as f:
+        head = io.BytesIO(f.read(min(size, _NPY_HEADER_MAX)))
         try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)  # 3.0: same header layout
+            shape, fortran, dtype = _npy_header(head)
         except Exception as exc:
             raise FormatError(f"not an .npy file ({type(exc).__name__}: {exc})", path=path) from exc
+        offset = head.tell()
+        f.seek(offset)
         if not dtype.hasobject:
-            f.seek(0)
+            nbytes = _claimed_bytes(shape, dtype, path, "header")
+            if nbytes != size - offset:
+                raise FormatError(
+                    f"header claims shape {shape} of {dtype} ({nbytes} bytes); the file holds {size - offset} "
+                    "bytes of data",
+                    path=path,
+                )
             try:
-                return np.load(f, allow_pickle=False)
+                arr = np.fromfile(f, dtype=dtype, count=nbytes // dtype.itemsize) if nbytes else None
+                if arr is None:
+                    arr = np.zeros(0, dtype)
+                return arr.reshape(shape, order="F" if fortran else "C")
             except Exception as exc:
                 raise FormatError(f"truncated or corrupt .npy data ({type(exc).__name__}: {exc})", path=path) from exc
         obj = _unpickle(f, path)

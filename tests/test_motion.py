@@ -24,9 +24,17 @@ def layout():
     return ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml")))
 
 
+def _quat_columns(layout):
+    """The q columns of every quaternion of the layout (free root after its position, ball joints)."""
+    starts = [b.q_offset + (3 if b.joint_type.value == "free" else 0) for b in layout.blocks if b.q_dim >= 4]
+    return np.asarray(starts)[:, None] + np.arange(4)
+
+
 def _motion(layout, frames=50):
     rng = np.random.default_rng(0)
     q = np.tile(layout.neutral(), (frames, 1)) + 0.1 * rng.normal(size=(frames, layout.nq))
+    cols = _quat_columns(layout)
+    q[:, cols] /= np.linalg.norm(q[:, cols], axis=-1, keepdims=True)  # rotations are unit quaternions
     return ArticulationMotion(
         q, rng.normal(size=(frames, layout.nv)), 30.0, layout.model_signature, joint_names=layout.joint_names
     )

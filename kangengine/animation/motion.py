@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from .._files import atomic_write, load_npz
+from .._files import atomic_write, load_npz, npz_array, npz_json, npz_scalar, unit_quaternions
 from ..errors import FormatError, LayoutMismatch, LayoutSignatureWarning, NonFiniteError, ShapeError
 
 __all__ = ["ArticulationMotion", "save_articulation_motion_npz", "load_articulation_motion_npz"]
@@ -154,30 +154,65 @@ def save_articulation_motion_npz(path: str | os.PathLike, motion: ArticulationMo
     atomic_write(path, lambda f: np.savez(f, **arrays), suffix=".npz")
 
 
+def _quaternion_offsets(layout) -> list[int]:
+    """The ``q`` offset of every quaternion in ``layout`` (free roots after their position, ball joints)."""
+    out = []
+    for b in layout.blocks:
+        kind = getattr(b.joint_type, "value", b.joint_type)
+        if kind == "free":
+            out.append(b.q_offset + 3)
+        elif kind == "ball":
+            out.append(b.q_offset)
+    return out
+
+
 def load_articulation_motion_npz(path: str | os.PathLike, layout) -> ArticulationMotion:
     """Read an articulation motion for ``layout``.
 
     ``nq`` or ``nv`` different from the layout's raises :class:`LayoutMismatch`; a different
     ``model_signature`` alone warns with :class:`LayoutSignatureWarning` and loads (the motion is then
     tagged with the layout's signature; the file's is kept in ``metadata["file_signature"]``).
+
+    Only the keys this reader uses are read, each checked (one string, one finite number, JSON object,
+    finite float arrays); memory is bounded by the file's size. The quaternions of the layout's free and ball
+    joints are refused when a norm is off 1 by more than :data:`~kangengine._files.QUAT_NORM_TOLERANCE`
+    (1e-3); smaller deviations are normalised (noted in ``metadata["quaternions_normalised"]``).
+
+    Raises:
+        FileMissingError: no such file.
+        FormatError, NonFiniteError: naming the file and the key. LayoutMismatch: see above.
     """
-    z = load_npz(path, required=("format", "q", "qd", "fps", "model_signature"), kind="articulation motion")
-    if str(z["format"]) != ARTICULATION_MOTION_FORMAT:
-        raise FormatError(f"format is {str(z['format'])!r}; expected {ARTICULATION_MOTION_FORMAT!r}", path=path)
-    version = int(z.get("format_version", 1))
+    z = load_npz(
+        path,
+        required=("format", "q", "qd", "fps", "model_signature"),
+        optional=("format_version", "metadata_json"),
+        kind="articulation motion",
+    )
+    fmt = npz_scalar(z, "format", path, kind=str)
+    if fmt != ARTICULATION_MOTION_FORMAT:
+        raise FormatError(f"format is {fmt[:80]!r}; expected {ARTICULATION_MOTION_FORMAT!r}", path=path)
+    version = npz_scalar(z, "format_version", path, kind=int) if "format_version" in z else 1
     if version > ARTICULATION_MOTION_VERSION:
         raise FormatError(
             f"format_version {version} is newer than this KangEngine reads ({ARTICULATION_MOTION_VERSION})", path=path
         )
-    q, qd = z["q"], z["qd"]
-    if q.ndim != 2 or qd.ndim != 2:
-        raise FormatError(f"q {q.shape} / qd {qd.shape}; expected 2-D [frames, nq] / [frames, nv]", path=path)
+    q = npz_array(z, "q", path, ndim=2)
+    qd = npz_array(z, "qd", path, ndim=2)
     if q.shape[1] != layout.nq or qd.shape[1] != layout.nv:
         raise LayoutMismatch(
             f"file has nq={q.shape[1]}, nv={qd.shape[1]}; the layout has nq={layout.nq}, nv={layout.nv}", path=path
         )
-    sig = str(z["model_signature"])
-    meta = json.loads(str(z["metadata_json"])) if "metadata_json" in z else {}
+    sig = npz_scalar(z, "model_signature", path, kind=str)
+    meta = npz_json(z, "metadata_json", path) if "metadata_json" in z else {}
+    fps = npz_scalar(z, "fps", path)
+    offsets = _quaternion_offsets(layout)
+    if offsets:
+        cols = np.asarray(offsets)[:, None] + np.arange(4)
+        unit, note = unit_quaternions(q[:, cols], path=path, item="q (quaternions of free and ball joints)")
+        if note is not None:
+            q = q.copy()
+            q[:, cols] = unit
+            meta["quaternions_normalised"] = note
     if sig != layout.model_signature:
         warnings.warn(
             f"{os.fspath(path)}: model signature {sig} differs from the layout's "
@@ -188,8 +223,6 @@ def load_articulation_motion_npz(path: str | os.PathLike, layout) -> Articulatio
         )
         meta["file_signature"] = sig
     try:
-        return ArticulationMotion(
-            q, qd, float(z["fps"]), layout.model_signature, joint_names=layout.joint_names, metadata=meta
-        )
+        return ArticulationMotion(q, qd, fps, layout.model_signature, joint_names=layout.joint_names, metadata=meta)
     except (FormatError, ShapeError, NonFiniteError) as exc:
         raise type(exc)(str(exc), path=path) from exc

@@ -23,8 +23,16 @@ import numpy as np
 
 from .. import conventions as C
 from .. import rotations as R
-from .._files import atomic_write, load_npz
-from ..errors import DuplicateNameError, FormatError, NonFiniteError, ShapeError, TopologyError, UnknownNameError
+from .._files import atomic_write, load_npz, npz_array, npz_json, npz_scalar, unit_quaternions
+from ..errors import (
+    DuplicateNameError,
+    FormatError,
+    KangEngineError,
+    NonFiniteError,
+    ShapeError,
+    TopologyError,
+    UnknownNameError,
+)
 from .kinematics import BodyKinematics, tree_plan_from_rest
 
 __all__ = ["SkeletonTree", "SkeletonState", "SkeletonMotion", "motion_zup_from_yup", "motion_yup_from_zup"]
@@ -510,7 +518,18 @@ class SkeletonMotion(SkeletonState):
 
     @classmethod
     def load_npz(cls, path: str | os.PathLike) -> SkeletonMotion:
-        """Read a file written by :meth:`save_npz` (pickle is refused)."""
+        """Read a file written by :meth:`save_npz` (pickle is refused).
+
+        Only the keys of :meth:`save_npz` are read, each checked: text keys hold one string, ``fps`` one
+        finite number > 0, ``metadata_json`` a JSON object, arrays numeric, finite and of the skeleton's shape.
+        Quaternions whose norm is off 1 by more than :data:`~kangengine._files.QUAT_NORM_TOLERANCE` (1e-3) are
+        refused; smaller deviations are normalised (noted in ``metadata["quaternions_normalised"]`` when larger
+        than float rounding). Memory is bounded by the file's size (:func:`~kangengine._files.load_npz`).
+
+        Raises:
+            FileMissingError: no such file.
+            FormatError, ShapeError, NonFiniteError: naming the file and the key.
+        """
         keys = (
             "format",
             "node_names",
@@ -520,23 +539,27 @@ class SkeletonMotion(SkeletonState):
             "local_rotation_wxyz",
             "fps",
         )
-        z = load_npz(path, required=keys, kind="skeleton motion")
-        if str(z["format"]) != SKELETON_MOTION_FORMAT:
-            raise FormatError(f"format is {str(z['format'])!r}; expected {SKELETON_MOTION_FORMAT!r}", path=path)
+        z = load_npz(path, required=keys, optional=("local_translation", "metadata_json"), kind="skeleton motion")
+        fmt = npz_scalar(z, "format", path, kind=str)
+        if fmt != SKELETON_MOTION_FORMAT:
+            raise FormatError(f"format is {fmt[:80]!r}; expected {SKELETON_MOTION_FORMAT!r}", path=path)
+        names = npz_array(z, "node_names", path, kind="U", ndim=1)
+        parents = npz_array(z, "parent_indices", path, kind="i", ndim=1)
+        tree_lt = npz_array(z, "tree_local_translation", path, ndim=2, last=3)
+        rt = npz_array(z, "root_translation", path, ndim=2, last=3)
+        lr = npz_array(z, "local_rotation_wxyz", path, ndim=3, last=4)
+        lt = npz_array(z, "local_translation", path, ndim=3, last=3) if "local_translation" in z else None
+        fps = npz_scalar(z, "fps", path)
+        meta = npz_json(z, "metadata_json", path) if "metadata_json" in z else {}
         try:
-            tree = SkeletonTree(
-                tuple(str(x) for x in z["node_names"]), z["parent_indices"], z["tree_local_translation"]
-            )
-            meta = json.loads(str(z["metadata_json"])) if "metadata_json" in z else {}
-            return cls(
-                tree,
-                z["root_translation"],
-                z["local_rotation_wxyz"],
-                float(z["fps"]),
-                z.get("local_translation"),
-                metadata=meta,
-            )
-        except (FormatError, ShapeError) as exc:
+            tree = SkeletonTree(tuple(str(x) for x in names), parents, tree_lt)
+            lr, note = unit_quaternions(lr, path=path, item="local_rotation_wxyz")
+            if note is not None:
+                meta["quaternions_normalised"] = note
+            return cls(tree, rt, lr, fps, lt, metadata=meta)
+        except KangEngineError as exc:
+            if exc.path is not None:
+                raise
             raise type(exc)(str(exc), path=path) from exc
 
 

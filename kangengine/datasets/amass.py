@@ -52,8 +52,9 @@ import numpy as np
 
 from .. import conventions as axes
 from .. import rotations as R
+from .._files import load_npz, npz_scalar
 from ..animation.skeleton import SkeletonMotion, SkeletonTree
-from ..errors import FileMissingError, FormatError, KangEngineError, NonFiniteError, ShapeError
+from ..errors import FileMissingError, FormatError, NonFiniteError, ShapeError
 
 __all__ = [
     "BodyModelType",
@@ -198,22 +199,28 @@ def _float_array(z: dict, key: str, path) -> np.ndarray:
     return a
 
 
+_CLIP_KEYS = (
+    "poses",
+    "root_orient",
+    "pose_body",
+    "pose_jaw",
+    "pose_eye",
+    "pose_hand",
+    "trans",
+    "betas",
+    "gender",
+    "surface_model_type",
+    "mocap_framerate",
+    "mocap_frame_rate",
+    "fps",
+    "frame_rate",
+)
+
+
 def _read_npz(path: Path) -> dict:
-    if not path.is_file():
-        raise FileMissingError("no such AMASS/SMPL npz file", path=path)
-    out = {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            for k in z.files:
-                try:
-                    out[k] = z[k]
-                except ValueError:
-                    out[k] = None  # a pickled object array: refused; an error only if the key is needed
-    except KangEngineError:
-        raise
-    except Exception as exc:
-        raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
-    return out
+    """The members of an AMASS clip that :func:`read_params` uses (others are never read), memory bounded by
+    the file's size (:func:`kangengine._files.load_npz`)."""
+    return load_npz(path, optional=_CLIP_KEYS, kind="AMASS/SMPL")
 
 
 _SPLIT_KEYS = {  # SMPL-X AMASS / human_body_prior layout
@@ -278,7 +285,7 @@ def read_params(
                 f"model_type {model_type!r}; expected one of smpl, smplh, smplx", item="model_type"
             ) from None
     elif z.get("surface_model_type") is not None:
-        smt = _gender_like_str(z["surface_model_type"])
+        smt = _text(z["surface_model_type"], path, "surface_model_type")
         try:
             mt = BodyModelType(smt.lower())
         except ValueError:
@@ -351,13 +358,8 @@ def read_params(
     if fps is None:
         for key in ("mocap_framerate", "mocap_frame_rate", "fps", "frame_rate"):
             if z.get(key) is not None:
-                try:
-                    fps = float(np.asarray(z[key]).reshape(()))
-                except (TypeError, ValueError):
-                    raise FormatError(
-                        f"is {z[key]!r}; expected a number (frames per second)", path=path, item=key
-                    ) from None
-                if not (np.isfinite(fps) and fps > 0):
+                fps = npz_scalar(z, key, path)
+                if not fps > 0:
                     raise FormatError(f"is {fps}; expected frames per second > 0", path=path, item=key)
                 break
         else:
@@ -377,12 +379,12 @@ def read_params(
     )
 
 
-def _gender_like_str(v) -> str:
-    if isinstance(v, np.ndarray):
-        v = v.reshape(()).item() if v.size == 1 else str(v)
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    return str(v)
+def _text(v: np.ndarray, path, key: str) -> str:
+    """The one string of a text (``U`` or ``S``) array."""
+    if v.size != 1 or v.dtype.kind not in "US":
+        raise FormatError(f"is an array of {v.dtype} {v.shape}; expected one string", path=path, item=key)
+    v = v.reshape(()).item()
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
 # -- body-model files ----------------------------------------------------------------------------------------
@@ -495,23 +497,7 @@ def _dense(value, key: str, path) -> np.ndarray:
 def _read_model(path: Path) -> dict:
     keys = ("v_template", "shapedirs", "J_regressor", "kintree_table")
     if path.suffix == ".npz":
-        out = {}
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                for k in keys:
-                    if k not in z.files:
-                        raise FormatError(f"missing; a body-model file holds {list(keys)}", path=path, item=k)
-                    try:
-                        out[k] = z[k]
-                    except ValueError:
-                        raise FormatError(
-                            "is a pickled object array, which is refused; expected a plain array", path=path, item=k
-                        ) from None
-        except KangEngineError:
-            raise
-        except Exception as exc:
-            raise FormatError(f"not a readable npz body model ({type(exc).__name__}: {exc})", path=path) from exc
-        return out
+        return load_npz(path, required=keys, optional=(), kind="body-model")
     from .._files import load_pickle
 
     d = load_pickle(path, extra_globals=_model_pickle_globals())

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import rotations as R
-from .._files import load_npy
+from .._files import load_npy, unit_quaternions
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError
 
@@ -59,7 +59,10 @@ def _tensor(value, path, key: str, *, dims: int | None = None, last: int | None 
         value = value["arr"]
     if not isinstance(value, (np.ndarray, list, tuple)):
         raise FormatError(f"holds {type(value).__name__}; expected an array", path=path, item=key)
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged lists, huge ints
+        raise FormatError(f"is not an array ({exc})", path=path, item=key) from None
     if kind == "f":
         if arr.dtype.kind not in "fiu":
             raise FormatError(f"dtype {arr.dtype} is not numeric; expected float32 or float64", path=path, item=key)
@@ -90,7 +93,10 @@ def _poselib_tree(d, path) -> SkeletonTree:
         names = names.tolist()
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, bytes)) for n in names):
         raise FormatError("expected a list of strings", path=path, item="skeleton_tree.node_names")
-    names = tuple(n.decode() if isinstance(n, bytes) else n for n in names)
+    try:
+        names = tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"a name is not UTF-8 ({exc})", path=path, item="skeleton_tree.node_names") from None
     parents = _tensor(st["parent_indices"], path, "skeleton_tree.parent_indices", dims=1, kind="i")
     lt = _tensor(st["local_translation"], path, "skeleton_tree.local_translation", dims=2, last=3)
     try:
@@ -99,10 +105,26 @@ def _poselib_tree(d, path) -> SkeletonTree:
         raise type(exc)(str(exc), path=path) from exc
 
 
+def _flag(value, path, key: str) -> bool:
+    """A poselib flag: a bool, or a one-element boolean array."""
+    if isinstance(value, np.ndarray):
+        if value.size != 1 or value.dtype.kind != "b":
+            raise FormatError(
+                f"is an array of {value.dtype} {value.shape}; expected True or False", path=path, item=key
+            )
+        value = bool(value.reshape(()))
+    if not isinstance(value, (bool, np.bool_)):
+        raise FormatError(f"is {str(value)[:60]!r}; expected True or False", path=path, item=key)
+    return bool(value)
+
+
 def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
     """Read a poselib ``SkeletonMotion`` or ``SkeletonState`` ``.npy`` file.
 
-    Quaternions are converted from poselib's XYZW to WXYZ and normalised; global rotations
+    Quaternions are converted from poselib's XYZW to WXYZ. A quaternion whose norm is off 1 by more than
+    :data:`~kangengine._files.QUAT_NORM_TOLERANCE` (1e-3; zero ones included) is refused; smaller deviations
+    (float32 rounding, 6e-6 in the float64 backflip clip) are normalised and, when larger than 8 float
+    epsilons, noted in ``metadata["quaternions_normalised"]``. Global rotations
     (``is_local=False``) are converted to local ones. Arrays keep the file's float dtype (poselib clips
     are float32; some, like ``amp_humanoid_backflip.npy``, are float64). No unit or axis change is
     made: the files are Z up already, in the units they were written in (metres for the AMP clips; the
@@ -148,15 +170,9 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
     root = _tensor(d["root_translation"], path, "root_translation", last=3).astype(dtype, copy=False)
     if root.shape != rot.shape[:-2] + (3,):
         raise FormatError(f"shape {root.shape}; expected {rot.shape[:-2] + (3,)}", path=path, item="root_translation")
-    norms = np.linalg.norm(rot, axis=-1)
-    if (norms < 1e-6).any():
-        raise FormatError("holds zero-length quaternions", path=path, item="rotation")
-    wxyz = R.quat_normalize(R.quat_xyzw_to_wxyz(rot))
-    is_local = d.get("is_local", True)
-    if isinstance(is_local, np.ndarray):
-        is_local = bool(is_local)
-    if not isinstance(is_local, (bool, np.bool_)):
-        raise FormatError(f"is {is_local!r}; expected True or False", path=path, item="is_local")
+    unit, note = unit_quaternions(rot, path=path, item="rotation")
+    wxyz = R.quat_xyzw_to_wxyz(unit)
+    is_local = _flag(d.get("is_local", True), path, "is_local")
     if is_local:
         state = SkeletonState(tree, root, wxyz)
     else:
@@ -168,8 +184,10 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
     fps = d["fps"]
     try:
         fps = float(np.asarray(fps).reshape(()))
-    except (TypeError, ValueError):
-        raise FormatError(f"is {fps!r}; expected a number (frames per second)", path=path, item="fps") from None
+    except (TypeError, ValueError, OverflowError):
+        raise FormatError(
+            f"is {str(fps)[:60]!r}; expected a number (frames per second)", path=path, item="fps"
+        ) from None
     meta = {
         "source": os.fspath(path),
         "format": "poselib",
@@ -177,6 +195,8 @@ def load_poselib(path: str | os.PathLike) -> SkeletonMotion | SkeletonState:
         "source_quaternion_order": "xyzw",
         "source_is_local": bool(is_local),
     }
+    if note is not None:
+        meta["quaternions_normalised"] = note
     try:
         return SkeletonMotion(tree, state.root_translation, state.local_rotation, fps, metadata=meta)
     except KangEngineError as exc:

@@ -11,8 +11,7 @@ import importlib
 import os
 from pathlib import Path
 
-import numpy as np
-
+from .._files import npz_keys
 from ..animation.skeleton import SkeletonMotion
 from ..errors import FileMissingError, FormatError
 
@@ -67,17 +66,14 @@ def load_npz_motion(path: str | os.PathLike, **kw) -> SkeletonMotion:
     a file written by ``SkeletonMotion.save_npz`` (key ``format``), or an AMASS / SMPL-family clip (key
     ``poses`` or ``root_orient``; keyword arguments go to :func:`kangengine.datasets.amass.load`).
 
+    The kind is told from the zip directory alone; the reader then reads only the members it uses, with
+    memory bounded by the file's size (:func:`kangengine._files.load_npz`).
+
     Raises:
-        FileMissingError, FormatError: no such file; neither layout (the message lists the file's keys).
+        FileMissingError, FormatError: no such file; not an npz file; neither layout (the message lists the
+            file's keys).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileMissingError("no such file", path=path)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            keys = set(z.files)
-    except Exception as exc:
-        raise FormatError(f"not a readable npz file ({type(exc).__name__}: {exc})", path=path) from exc
+    keys = set(npz_keys(path, kind="motion"))  # the zip directory only: no member is read here
     if "format" in keys:
         if kw:
             raise FormatError(f"options {sorted(kw)} apply to AMASS files only", path=path)

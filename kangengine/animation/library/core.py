@@ -485,9 +485,22 @@ class MotionLibrary(SamplingMixin):
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike, *, device="cpu", mmap: bool = True, adapter=None, layout=None
+        cls,
+        path: str | os.PathLike,
+        *,
+        device="cpu",
+        mmap: bool = True,
+        adapter=None,
+        layout=None,
+        skip_checks: bool = False,
     ) -> MotionLibrary:
-        """Read a file written by :meth:`save`.
+        """Read a file written by :meth:`save`, checked at the boundary (:func:`read_library_file`).
+
+        The header, every tensor's dtype and shape and the clip tables are always checked (per clip, cheap):
+        ``clip_frame_start`` must equal the cumulative ``clip_frame_count`` (each >= 1, summing to the packed
+        rows), ``clip_fps`` finite > 0, ``clip_weight`` finite >= 0 with a positive sum. The frame data
+        (finite, unit quaternions) and the clip metadata are checked too unless ``skip_checks=True``, which
+        leaves the mapped pages unread until sampling touches them.
 
         Args:
             path: the ``.safetensors`` file.
@@ -498,14 +511,17 @@ class MotionLibrary(SamplingMixin):
                 signature they are used as they are, otherwise ``prepare_motion`` runs on the stored clips.
             layout: optional layout (default ``adapter.layout``); a signature different from the file's warns
                 with :class:`LayoutSignatureWarning`.
+            skip_checks: skip the scan of the frame data (a trusted file in a hot loop); the tables are still
+                checked.
 
         Raises:
-            FileMissingError, FormatError: no such file, not a library file, or inconsistent content.
+            FileMissingError, FormatError: no such file, not a library file, or inconsistent content (naming
+                the file and the table).
         """
         import torch
 
         path = Path(path)
-        file = read_library_file(path)
+        file = read_library_file(path, skip_checks=skip_checks)
         lay = layout if layout is not None else getattr(adapter, "layout", None)
         file_sig = file.layout_signature
         if lay is not None and file_sig is not None and str(lay.model_signature) != file_sig:
