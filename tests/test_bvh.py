@@ -350,6 +350,51 @@ def _bad_cases():
             "'five' is not a number",
         ),
         ("no MOTION", lambda t: t[: t.index("MOTION")], None, "no MOTION section"),
+        # issue 17: refused instead of read as something else
+        *[
+            (
+                f"frame time {ft}",
+                lambda t, ft=ft: t.replace("Frame Time: 0.033333", f"Frame Time: {ft}"),
+                motion_at,
+                "expected seconds per frame in [1e-05, 3600]",
+            )
+            for ft in ("1e-300", "1e300", "0", "-0.01", "nan", "inf")
+        ],
+        (
+            "negative frame count",
+            lambda t: t.replace("Frames:    2", "Frames: -5"),
+            _line_of(text, "Frames:"),
+            "Frames: -5; expected a frame count >= 0",
+        ),
+        (
+            "second CHANNELS line",
+            lambda t: t.replace(
+                "\t\tCHANNELS 3 Zrotation Xrotation Yrotation\n",
+                "\t\tCHANNELS 3 Zrotation Xrotation Yrotation\n\t\tCHANNELS 3 Xrotation Yrotation Zrotation\n",
+                1,
+            ),
+            _line_of(text, "\t\tCHANNELS 3 Zrotation Xrotation Yrotation\n") + 1,
+            "a second CHANNELS line for joint 'Chest' (the first is on line "
+            f"{_line_of(text, chr(9) * 2 + 'CHANNELS 3 Zrotation Xrotation Yrotation')})",
+        ),
+        (
+            "second OFFSET line",
+            lambda t: t.replace("OFFSET\t 0.00\t 5.21\t 0.00", "OFFSET\t 0.00\t 5.21\t 0.00\n\t\tOFFSET 1 2 3", 1),
+            _line_of(text, "OFFSET\t 0.00\t 5.21") + 1,
+            "a second OFFSET line for joint 'Chest'",
+        ),
+        (
+            "offset overflowing float32",
+            lambda t: t.replace("OFFSET\t 0.00\t 5.21", "OFFSET\t 0.00\t 5.21e300", 1),
+            _line_of(text, "OFFSET\t 0.00\t 5.21"),
+            "OFFSET of joint 'Chest' reach 5.21e+300 file units",
+        ),
+        (
+            "position channel overflowing float32",
+            set_row(0, lambda r: r.replace("35.01", "3e37", 1)),
+            _line_of(text, "CHANNELS 6"),
+            "position channels of joint 'Hips' reach 3e+37",
+        ),
     ]
 
 
@@ -420,3 +465,99 @@ def test_axes_helpers_numpy_and_torch():
     m = load_bvh(data_file("bvh/other/bvhio_example.bvh"), up_axis="y", dtype=np.float64)
     back = ke.animation.motion_yup_from_zup(m)
     np.testing.assert_allclose(back.global_translation, axes.vec_yup_from_zup(m.global_translation), atol=1e-12)
+
+
+# -- issue 17: frame rates, overflow, huge skeletons --------------------------------------------------------
+
+
+def test_printed_frame_time_snaps_to_the_rate_it_rounds():
+    m = load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))  # "Frame Time: 0.008333"
+    assert 1 / 0.008333 == pytest.approx(120.0048, abs=1e-4)  # what the reciprocal alone gives
+    assert m.fps == 120.0 and m.metadata["fps_snapped"] is True
+    assert m.metadata["frame_time_s"] == 0.008333 and m.metadata["fps_from_frame_time"] == 1 / 0.008333
+    # ".0083333" (7 decimals) and "0.016667" snap the same way; 1 s stays 1 fps, exactly, without a snap
+    assert load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh")).fps == 120.0
+    assert load_bvh(data_file("bvh/cmu/002_03_iclone_cc_run.bvh")).fps == 60.0
+    one = load_bvh(data_file("bvh/other/arm_3joint.bvh"))
+    assert one.fps == 1.0 and one.metadata["fps_snapped"] is False
+
+
+@pytest.mark.parametrize(
+    ("frame_time", "fps"),
+    [
+        ("0.0333667", 30000 / 1001),  # NTSC 29.97: 1001/30000 = 0.03336667 rounds to the printed digits
+        ("3.3333e-2", 30.0),  # exponent form: the last printed digit is 1e-6
+        ("0.00833", 120.0),  # 1/120 = 0.0083333 prints as 0.00833; no other integer rate does
+        ("0.0081", 1 / 0.0081),  # 1/123 and 1/124 both print as 0.0081: ambiguous, kept as 123.457
+        ("0.0123456", 1 / 0.0123456),  # 81.0001 fps: no integer rate prints as this
+    ],
+)
+def test_frame_time_snapping_follows_the_printed_precision(tmp_path, frame_time, fps):
+    p = _copy_with(tmp_path, BAD, lambda t: t.replace("Frame Time: 0.033333", f"Frame Time: {frame_time}"))
+    m = load_bvh(p)
+    assert m.fps == pytest.approx(fps, rel=1e-12) and m.metadata["frame_time_s"] == float(frame_time)
+
+
+def test_saved_frame_time_reads_back_the_same_rate(tmp_path):
+    src = load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
+    back = load_bvh(save_bvh(tmp_path / "w.bvh", src))
+    assert back.fps == src.fps == 120.0
+
+
+def test_offsets_overflowing_float64_are_refused(tmp_path):
+    # each offset is finite in float64, but the chain's sum is not: positions would be inf
+    assert np.isinf(np.float64(1.5e308) + np.float64(1.5e308))
+    text = (
+        "HIERARCHY\nROOT a\n{\nOFFSET 0 0 0\nCHANNELS 3 Zrotation Xrotation Yrotation\nJOINT b\n{\nOFFSET 0 1.5e308 0\n"
+        "CHANNELS 3 Zrotation Xrotation Yrotation\nJOINT c\n{\nOFFSET 0 1.5e308 0\nCHANNELS 3 Zrotation Xrotation "
+        "Yrotation\n}\n}\n}\nMOTION\nFrames: 1\nFrame Time: 0.01\n" + " ".join(["0"] * 9) + "\n"
+    )
+    p = tmp_path / "overflow.bvh"
+    p.write_text(text)
+    with pytest.raises(FormatError, match="would overflow float64") as e:
+        load_bvh(p, dtype=np.float64, scale="m")
+    assert str(p) in str(e.value) and e.value.item == "line 8"  # b's OFFSET
+
+
+def _skeleton_file(path, joints: int, *, deep: bool):
+    lines = [
+        "HIERARCHY",
+        "ROOT j0",
+        "{",
+        "OFFSET 0 0 0",
+        "CHANNELS 6 Xposition Yposition Zposition Zrotation Xrotation Yrotation",
+    ]
+    for i in range(1, joints):
+        lines += [f"JOINT j{i}", "{", "OFFSET 0 1 0", "CHANNELS 3 Zrotation Xrotation Yrotation"] + (
+            [] if deep else ["}"]
+        )
+    lines += ["}"] * (joints - 1 if deep else 0) + ["}", "MOTION", "Frames: 2", "Frame Time: 0.01"]
+    row = " ".join(["0"] * (6 + 3 * (joints - 1)))
+    path.write_text("\n".join(lines + [row, row]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("joints", "deep"), [(2000, True), (4000, False)], ids=["chain", "flat"])
+def test_thousands_of_joints_read_in_memory_linear_in_the_file(tmp_path, joints, deep):
+    import tracemalloc
+
+    p = _skeleton_file(tmp_path / "big.bvh", joints, deep=deep)
+    size = p.stat().st_size  # 163 KB, 327 KB
+    tracemalloc.start()
+    try:
+        m = load_bvh(p, scale="m")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert m.tree.num_nodes == joints
+    # before issue 17 the unit detection compiled a forward-kinematics program per topology: 1.3 GB for 4000
+    assert peak < 200 * size, f"peak {peak / 1e6:.1f} MB for a {size / 1e3:.0f} KB file"
+    # the unit detection measured the skeleton: a chain 1..3999 units up (the root left out), a flat fan 1 unit
+    assert m.metadata["height_file_units"] == (joints - 2.0 if deep else 0.0)
+
+
+def test_more_nodes_than_the_cap_are_refused(tmp_path):
+    p = _skeleton_file(tmp_path / "huge.bvh", ke.io.bvh.MAX_BVH_NODES + 1, deep=False)
+    with pytest.raises(FormatError, match=f"more than {ke.io.bvh.MAX_BVH_NODES} nodes") as e:
+        load_bvh(p)
+    assert str(p) in str(e.value)

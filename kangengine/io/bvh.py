@@ -23,7 +23,6 @@ Writing (:func:`save_bvh`) is atomic and round-trips through :func:`load_bvh`.
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 import os
@@ -38,7 +37,7 @@ from .. import rotations as R
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
 
-__all__ = ["load_bvh", "save_bvh", "BVH_LENGTH_UNITS", "BVHFrameCountWarning"]
+__all__ = ["load_bvh", "save_bvh", "BVH_LENGTH_UNITS", "BVHFrameCountWarning", "FRAME_TIME_RANGE_S", "MAX_BVH_NODES"]
 
 #: Metres per unit for the unit names ``load_bvh(scale=...)`` and ``save_bvh(units=...)`` accept.
 #: ``"cmu"`` is the CMU mocap unit (ASF ``length 0.45``: 1 unit = 1/0.45 inch = 0.05644 m).
@@ -59,6 +58,11 @@ _CHANNEL_NAME = {
     "zrotation": "Zrotation",
 }
 _UP_AXES = ("auto", "y", "z")
+#: Accepted ``Frame Time`` (seconds per frame): 100 kHz to one frame an hour.
+FRAME_TIME_RANGE_S = (1e-5, 3600.0)
+#: Most nodes (joints and End Sites) a BVH file may declare; the largest real rigs (full fingers, face,
+#: twist bones) hold a few hundred.
+MAX_BVH_NODES = 4096
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -67,7 +71,17 @@ _UP_AXES = ("auto", "y", "z")
 
 
 class _Node:
-    __slots__ = ("name", "parent", "offset", "channels", "line", "end_site")
+    __slots__ = (
+        "name",
+        "parent",
+        "offset",
+        "channels",
+        "line",
+        "end_site",
+        "has_channels",
+        "channels_line",
+        "offset_line",
+    )
 
     def __init__(self, name, parent, line, end_site=False):
         self.name = name
@@ -76,6 +90,9 @@ class _Node:
         self.channels: list[str] = []
         self.line = line
         self.end_site = end_site
+        self.has_channels = False
+        self.channels_line = 0
+        self.offset_line = line
 
 
 class _Tokens:
@@ -142,6 +159,9 @@ class _Tokens:
 
 
 def _parse_offset(tk: _Tokens, node: _Node):
+    if node.offset is not None:
+        raise tk.error(f"a second OFFSET line for {_what(node)}; expected one OFFSET per block")
+    node.offset_line = tk.line()
     tk.next("OFFSET")
     node.offset = [tk.number("OFFSET") for _ in range(3)]
 
@@ -163,8 +183,20 @@ def _parse_joint_head(tk: _Tokens, node: _Node, what: str):
         )
 
 
+def _what(node: _Node) -> str:
+    return "an End Site" if node.end_site else f"joint {node.name!r}"
+
+
 def _parse_channels(tk: _Tokens, node: _Node):
     ln = tk.line()
+    if node.has_channels:
+        raise FormatError(
+            f"a second CHANNELS line for {_what(node)} (the first is on line {node.channels_line}); expected one "
+            "CHANNELS line per joint",
+            path=tk.path,
+            item=f"line {ln}",
+        )
+    node.has_channels, node.channels_line = True, ln
     tk.next("CHANNELS")
     n_tok = tk.next("a channel count")
     try:
@@ -235,6 +267,12 @@ def _parse_hierarchy(text: str, path) -> list[_Node]:
         if t == "}":
             stack.pop()
             continue
+        if len(nodes) >= MAX_BVH_NODES:
+            raise FormatError(
+                f"more than {MAX_BVH_NODES} nodes (joints and End Sites); expected at most {MAX_BVH_NODES}",
+                path=path,
+                item=f"line {ln}",
+            )
         if t == "JOINT":
             node = _Node(tk.name_until_brace("JOINT"), parent_index, ln)
             tk.expect("{")
@@ -502,12 +540,15 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
 # ------------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=32)
-def _kinematics_for(parents: tuple[int, ...]):
-    """Forward kinematics of a topology with per-frame translations (reused across files and scales)."""
-    from ..animation.kinematics import BodyKinematics, tree_plan_from_rest
-
-    return BodyKinematics(tree_plan_from_rest(parents, np.zeros((len(parents), 3))))
+def _depth_levels(parents) -> list[np.ndarray]:
+    """Node indices grouped by depth below the root (parents precede children in BVH order)."""
+    depth = np.zeros(len(parents), dtype=np.int64)
+    for i, p in enumerate(parents):  # one pass over the nodes: linear in the skeleton size
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(1, int(depth.max(initial=0)) + 2))
+    return np.split(order, bounds)[1:-1]
 
 
 def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarray:
@@ -516,10 +557,18 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     ``vec_index[a]``)."""
     nf = rot.shape[0]
     rows = np.unique(np.linspace(0, nf - 1, min(nf, 32)).round().astype(np.int64))
-    lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows]
-    pos, _ = _kinematics_for(tuple(parents)).from_local(
-        root_t[rows].astype(np.float64), rot[rows].astype(np.float64), lt_rows.astype(np.float64)
-    )
+    lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
+    local_q = rot[rows].astype(np.float64)
+    world_q = np.empty_like(local_q)
+    pos = np.empty_like(lt_rows)
+    world_q[:, 0] = local_q[:, 0]
+    pos[:, 0] = root_t[rows]
+    parents = np.asarray(parents, dtype=np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing skeletons are refused by the caller
+        for idx in _depth_levels(parents):  # one vectorised step per tree level: linear in the node count
+            p = parents[idx]
+            pos[:, idx] = pos[:, p] + R.quat_rotate(world_q[:, p], lt_rows[:, idx])
+            world_q[:, idx] = R.quat_multiply(world_q[:, p], local_q[:, idx])
     pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
     return pos[:, 1:] if pos.shape[1] > 1 else pos
@@ -575,13 +624,16 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
             decimal once, to float32's ~7 significant digits).
 
     Returns:
-        ``SkeletonMotion`` with ``fps = 1 / Frame Time`` and, in file order (depth first), one node per
+        ``SkeletonMotion`` with ``fps = 1 / Frame Time``, or the integer (or NTSC ``1000 n / 1001``) rate
+        that the printed Frame Time rounds to within half a unit of its last digit (``0.008333`` -> 120 fps,
+        not 120.0048), and, in file order (depth first), one node per
         joint plus one leaf ``<parent>_end`` per End Site. ``root_translation [frames, 3]`` m,
         ``local_rotation [frames, nodes, 4]`` WXYZ, ``local_translation [frames, nodes, 3]`` m when a
         non-root joint has position channels (else ``None``). ``metadata`` (JSON-serialisable):
         ``source_file``, ``source_format="bvh"``, ``source_units`` (unit name, or ``"given"``),
         ``units_detected`` (bool), ``scale`` (metres per file unit applied), ``height_file_units``,
-        ``up_axis`` (``"y"``/``"z"``), ``up_axis_detected``, ``frame_time``, ``header_frames``,
+        ``up_axis`` (``"y"``/``"z"``), ``up_axis_detected``, ``frame_time`` and ``frame_time_s`` (the printed
+        Frame Time, s), ``fps_from_frame_time`` (its exact reciprocal), ``fps_snapped`` (bool), ``header_frames``,
         ``channels`` (per node, the file's channel names; ``[]`` for end sites), ``rotation_orders``
         (per node, e.g. ``"ZXY"``), ``original_names`` (per node; ``"End Site"`` for end sites),
         ``end_sites`` (node names).
@@ -590,7 +642,10 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         FileMissingError: no such file.
         FormatError: malformed hierarchy or motion (the message names the file and the line): truncated
             file, wrong number of values in a row, non-numeric value, NaN or inf, unknown channel or
-            repeated rotation axis, zero frames, bad ``Frames``/``Frame Time`` lines.
+            repeated rotation axis, zero frames, bad ``Frames``/``Frame Time`` lines (a negative frame count;
+            a Frame Time outside :data:`FRAME_TIME_RANGE_S`), a second ``OFFSET`` or ``CHANNELS`` line in one
+            joint's block, more than :data:`MAX_BVH_NODES` nodes, offsets or position channels whose
+            positions would overflow ``dtype``.
 
     Warns:
         BVHFrameCountWarning: the ``Frames:`` count differs from the number of rows (the rows are used).
@@ -612,18 +667,18 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         raise FormatError(
             f"frame count {frames_tok!r} is not an integer", path=path, item=f"line {frames_line}"
         ) from None
+    if header_frames < 0:
+        raise FormatError(
+            f"Frames: {header_frames}; expected a frame count >= 0", path=path, item=f"line {frames_line}"
+        )
     ft_tok, ft_line = fields["frame_time"]
-    try:
-        frame_time = float(ft_tok)
-    except ValueError:
-        frame_time = float("nan")
-    if not (math.isfinite(frame_time) and frame_time > 0):
-        raise FormatError(f"Frame Time {ft_tok!r}; expected a number of seconds > 0", path=path, item=f"line {ft_line}")
+    frame_time, fps, fps_snapped = _frame_rate(ft_tok, path, ft_line)
 
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
     values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype)
+    _check_magnitudes(nodes, values, layout, metres_per_unit, dtype, path)
     nf = values.shape[0]
     if nf != header_frames:
         warnings.warn(
@@ -676,6 +731,9 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         "up_axis": up,
         "up_axis_detected": up_detected,
         "frame_time": frame_time,
+        "frame_time_s": frame_time,
+        "fps_from_frame_time": 1.0 / frame_time,
+        "fps_snapped": fps_snapped,
         "header_frames": header_frames,
         "channels": [[_CHANNEL_NAME[c] for c in n.channels] for n in nodes],
         "rotation_orders": ["".join(_ROT_CHANNELS[c] for c in n.channels if c in _ROT_CHANNELS) for n in nodes],
@@ -686,10 +744,71 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         tree,
         (root_t * s).astype(dtype),
         np.ascontiguousarray(rot),
-        1.0 / frame_time,
+        fps,
         None if lt is None else (lt * s).astype(dtype),
         metadata=meta,
         skip_checks=True,
+    )
+
+
+def _frame_rate(token: str, path, line: int) -> tuple[float, float, bool]:
+    """(Frame Time in seconds as printed, fps, whether fps was snapped) of a ``Frame Time:`` token.
+
+    A printed Frame Time is a rounded ``1 / fps``: ``0.008333`` reads as 120.0048 fps. The rates whose
+    ``1 / fps`` prints as the token lie within half a unit of its last digit (+-5e-7 s for ``0.008333``:
+    119.995 to 120.010 fps). When exactly one integer rate ``n`` lies there (else exactly one NTSC rate
+    ``1000 n / 1001``), that is the file's rate; otherwise (``0.0081``: 123 and 124 both print so)
+    ``1 / Frame Time`` is kept as is. The printed value stays in ``metadata["frame_time_s"]``.
+    """
+    import decimal
+
+    lo, hi = FRAME_TIME_RANGE_S
+    try:
+        exact = decimal.Decimal(token)
+        frame_time = float(exact)
+    except (decimal.InvalidOperation, ValueError, OverflowError):
+        exact, frame_time = None, float("nan")
+    if not (math.isfinite(frame_time) and lo <= frame_time <= hi):
+        raise FormatError(
+            f"Frame Time {token!r}; expected seconds per frame in [{lo:g}, {hi:g}] (a rate of "
+            f"{1 / hi:.3g} to {1 / lo:g} fps)",
+            path=path,
+            item=f"line {line}",
+        )
+    half_unit = 0.5 * 10.0 ** int(exact.as_tuple().exponent)
+    rate = 1.0 / frame_time
+    # the rates whose Frame Time prints as this token: 1 / (frame_time +- half a unit of the last digit)
+    slowest = 1.0 / (frame_time + half_unit)
+    fastest = 1.0 / (frame_time - half_unit) if frame_time > half_unit else math.inf
+    for per in (1.0, 1.001):  # integer rates first, then NTSC rates n / 1.001
+        first, last = math.ceil(slowest * per), math.floor(fastest * per) if math.isfinite(fastest) else math.inf
+        if first >= 1 and first == last:  # exactly one such rate: the printed value means it
+            snapped = first / per
+            return frame_time, snapped, snapped != rate
+    return frame_time, rate, False
+
+
+def _check_magnitudes(nodes, values: np.ndarray, layout: _Layout, metres_per_unit: float, dtype, path) -> None:
+    """Refuse offsets and position channels whose joint positions could overflow ``dtype`` (inf or NaN after
+    scaling to metres, or after summing down a chain of joints). Bound: the sum over nodes of the largest of
+    each node's offset and position-channel magnitudes."""
+    limit = float(np.finfo(dtype).max) / 16.0 / metres_per_unit  # in file units
+    offsets = np.abs(np.array([n.offset for n in nodes], dtype=np.float64)).max(axis=1)
+    per_node = offsets.copy()
+    for i, pos in layout.pos_nodes:
+        cols = [c for _, c in pos]
+        per_node[i] = max(per_node[i], float(np.abs(values[:, cols]).max(initial=0.0)))
+    with np.errstate(over="ignore"):
+        reach = float(per_node.sum())
+    if reach < limit:
+        return
+    i = int(np.argmax(per_node))
+    what = "OFFSET" if per_node[i] == offsets[i] else "position channels"
+    raise FormatError(
+        f"{what} of {_what(nodes[i])} reach {per_node[i]:.3g} file units and the skeleton {reach:.3g}: joint "
+        f"positions would overflow {np.dtype(dtype).name}; expected a skeleton within {limit:.3g} file units",
+        path=path,
+        item=f"line {nodes[i].offset_line if what == 'OFFSET' else nodes[i].channels_line}",
     )
 
 
