@@ -83,6 +83,20 @@ class MuJoCoMotionAdapter:
         self._quat_cols = C.quaternion_columns(
             layout, self._map, offset_in_block={JointType.FREE: 3, JointType.BALL: 0}
         )
+        self._identity = (_is_arange(self._map.q_index), _is_arange(self._map.qd_index))
+        # native qvel columns of each free/ball angular velocity, in the order of _quat_cols; the fast path
+        # holds when no rotating block has later rotating joints on its body (their rotation would compose)
+        w_cols = []
+        fast = True
+        for i in self._map.block_order:
+            b = layout.blocks[i]
+            if b.joint_type in C.ROTATING:
+                off = b.qd_offset + (3 if b.joint_type is JointType.FREE else 0)
+                w_cols.append([int(self._map.qd_inverse[off + k]) for k in range(3)])
+                later = [x for x in layout.blocks[i + 1 :] if x.body_index == b.body_index]
+                fast &= not any(x.joint_type in (JointType.HINGE, JointType.BALL) for x in later)
+        self._w_native_cols = np.array(w_cols, dtype=np.int64).reshape(-1, 3)
+        self._fast_rotation = fast
         root = layout.blocks[0] if layout.blocks and layout.blocks[0].joint_type is JointType.FREE else None
         self._root_pos_cols = (
             None
@@ -121,13 +135,16 @@ class MuJoCoMotionAdapter:
         """Like :meth:`pack` for raw canonical arrays ``q [frames, nq]``, ``qd [frames, nv]`` (float32 or
         float64; the result has the same dtype)."""
         q, qd = C.as_state_arrays(self.layout, q, qd)
+        qpos = C.gather_columns(q, self._map.q_index, identity=self._identity[0])
+        if self._fast_rotation:
+            qvel = C.gather_columns(qd, self._map.qd_index, identity=self._identity[1])
+            C.rotate_columns(qpos, self._quat_cols, qvel, self._w_native_cols, inverse=True)
+            return MuJoCoBuffers(qpos=qpos, qvel=qvel)
         w_idx, quat = self._rotations(q)
         qd_mj = qd.copy()
         if w_idx.size:
             qd_mj[:, w_idx] = R.quat_rotate_inverse(quat, qd[:, w_idx])
-        return MuJoCoBuffers(
-            qpos=np.ascontiguousarray(q[:, self._map.q_index]), qvel=np.ascontiguousarray(qd_mj[:, self._map.qd_index])
-        )
+        return MuJoCoBuffers(qpos=qpos, qvel=C.gather_columns(qd_mj, self._map.qd_index, identity=self._identity[1]))
 
     def unpack(self, qpos, qvel, *, fps: float, metadata=None):
         """MuJoCo ``qpos [frames, nq]``, ``qvel [frames, nv]`` -> ``ArticulationMotion`` at ``fps``."""
@@ -285,6 +302,10 @@ def _joint_and_after(layout, q, i):
         if later.joint_type in (JointType.HINGE, JointType.BALL):
             out = R.quat_multiply(out, R.quat_normalize(_joint_rotation(later, q)))
     return out
+
+
+def _is_arange(index) -> bool:
+    return bool(np.array_equal(index, np.arange(index.size)))
 
 
 def _fmt(v) -> list[float]:

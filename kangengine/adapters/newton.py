@@ -118,6 +118,9 @@ class NewtonMotionAdapter:
             if b.joint_type in (JointType.HINGE, JointType.SLIDE):
                 shift[self._map.q_inverse[b.q_offset]] = b.ref
         self._q_shift = shift
+        self._q_shift_any = bool(np.any(shift))
+        self._q_identity = bool(np.array_equal(self._map.q_index, np.arange(self._map.q_index.size)))
+        self._qd_identity = bool(np.array_equal(self._map.qd_index, np.arange(self._map.qd_index.size)))
         self._free = layout.blocks[0] if layout.blocks and layout.blocks[0].joint_type is JointType.FREE else None
         if self._free is not None:
             if layout.body_coms is None:
@@ -127,6 +130,7 @@ class NewtonMotionAdapter:
                     item="layout",
                 )
             self._root_com = np.asarray(layout.body_coms[self._free.body_index], dtype=np.float64)
+            self._root_lin_cols = self._map.qd_inverse[self._free.qd_offset : self._free.qd_offset + 3]
         self._quat_cols = C.quaternion_columns(
             layout, self._map, offset_in_block={JointType.FREE: 3, JointType.BALL: 0}
         )
@@ -164,14 +168,16 @@ class NewtonMotionAdapter:
     def pack_arrays(self, q, qd) -> NewtonBuffers:
         """Like :meth:`pack` for raw canonical arrays (float32 or float64; the result keeps the dtype)."""
         q, qd = C.as_state_arrays(self.layout, q, qd)
-        jq = q[:, self._map.q_index] - self._q_shift.astype(q.dtype)
-        qd = qd.copy()
+        jq = C.gather_columns(q, self._map.q_index, identity=self._q_identity)
+        if self._q_shift_any:
+            jq -= self._q_shift.astype(q.dtype)
+        jqd = C.gather_columns(qd, self._map.qd_index, identity=self._qd_identity)
         if self._free is not None:
             o, v = self._free.q_offset, self._free.qd_offset
             w = qd[:, v + 3 : v + 6]
             com_world = R.quat_rotate(R.quat_normalize(q[:, o + 3 : o + 7]), self._root_com.astype(q.dtype))
-            qd[:, v : v + 3] = qd[:, v : v + 3] + np.cross(w, com_world)
-        return NewtonBuffers(joint_q=np.ascontiguousarray(jq), joint_qd=np.ascontiguousarray(qd[:, self._map.qd_index]))
+            jqd[:, self._root_lin_cols] += np.cross(w, com_world)
+        return NewtonBuffers(joint_q=jq, joint_qd=jqd)
 
     def unpack(self, joint_q, joint_qd, *, fps: float, metadata=None):
         """Newton ``joint_q [frames, nq]``, ``joint_qd [frames, nv]`` -> ``ArticulationMotion`` at ``fps``."""
