@@ -119,9 +119,7 @@ def load(path, order: str = "DFS", *, root: str | None = None, **kwargs) -> Arti
     if suffix == ".urdf":
         return URDFLoader.load(path, order=order, root=root, **kwargs)
     if name.endswith((".superdex_bot", ".superdex_bot_archive")):
-        bot = load_bot(path, **kwargs)
-        welded = bot.joints[0].type is BotJointType.HARD
-        return reroot(bot_to_desc(bot, order=order), root, welded_root=welded)
+        return reroot(bot_to_desc(load_bot(path, **kwargs), order=order), root)
     raise FormatError(
         f"unknown articulation file type {suffix!r}; expected .xml, .mjcf, .urdf, .superdex_bot or "
         ".superdex_bot_archive",

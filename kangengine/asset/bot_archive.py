@@ -18,6 +18,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from ..errors import FileMissingError, FormatError
@@ -155,17 +156,20 @@ def _extract_all(zf, infos, rels, tmp: Path, path: Path, cap: int) -> None:
             dest.mkdir(parents=True, exist_ok=True)
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with zf.open(info) as src, open(dest, "xb") as out:
-            for chunk in iter(lambda: src.read(_CHUNK), b""):
-                written += len(chunk)
-                if written > cap:
-                    raise ArchiveError(
-                        f"decompresses to more than max_unpacked_bytes={cap} bytes (its header declared "
-                        f"{info.file_size})",
-                        path=path,
-                        item=f"member {info.filename!r}",
-                    )
-                out.write(chunk)
+        try:
+            with zf.open(info) as src, open(dest, "xb") as out:
+                for chunk in iter(lambda: src.read(_CHUNK), b""):
+                    written += len(chunk)
+                    if written > cap:
+                        raise ArchiveError(
+                            f"decompresses to more than max_unpacked_bytes={cap} bytes (its header declared "
+                            f"{info.file_size})",
+                            path=path,
+                            item=f"member {info.filename!r}",
+                        )
+                    out.write(chunk)
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+            raise ArchiveError(f"cannot be decompressed ({exc})", path=path, item=f"member {info.filename!r}") from exc
 
 
 def _find_bot(folder: Path, path: Path) -> Path:

@@ -2,9 +2,10 @@
 
 **Bot -> desc** (:func:`bot_to_desc`): one body per link, in link order (then ``order``). Link ``i``'s rest
 transform is ``parentLinkFromJoint * parentJointFromLink`` (times ``worldFromRoot`` for the root); its joint
-(none for Hard) moves about the joint frame's origin, which in the body frame is ``anchor = -t`` (``t`` the
+moves about the joint frame's origin, which in the body frame is ``anchor = -t`` (``t`` the
 translation of ``parentJointFromLink``, whose rotation is identity), with the axis unchanged. Revolute -> HINGE,
-Prismatic -> SLIDE, Spherical -> BALL, Free -> FREE (root only), Hard -> no joint. Joint values keep their meaning
+Prismatic -> SLIDE, Spherical -> BALL, Free -> FREE (root only), Hard -> FIXED (a Hard world joint: a fixed
+base). Joint values keep their meaning
 (``ref = 0``). Friction ``viscous`` -> ``damping``, ``coulomb`` -> ``frictionloss``, joint ``inertia`` ->
 ``armature``, ``effortLimit`` -> ``effort_limit`` (negative: ``None``). The collision mesh becomes a MESH geom.
 Contact overrides that disable contact become ``contact_exclusions``. A cycle's pivot (child link frame) is
@@ -59,6 +60,7 @@ _TO_DESC = {
     BotJointType.PRISMATIC: JointType.SLIDE,
     BotJointType.SPHERICAL: JointType.BALL,
     BotJointType.FREE: JointType.FREE,
+    BotJointType.HARD: JointType.FIXED,
 }
 
 
@@ -183,16 +185,14 @@ def bot_to_desc(bot: BotPrefab, *, order: str = "DFS") -> ArticulationDesc:
     for i, (lk, jt) in enumerate(zip(bot.links, bot.joints)):
         rest = _rest(bot, i)
         mass, com, inertia = bot_link_mass_properties(bot, i)
-        ids = ()
         if jt.type is BotJointType.FREE and i != 0:
             raise TopologyError(
                 "is a Free joint below the root; only the world joint (index 0) may be Free",
                 path=bot.source,
                 item=f"joint {jt.name!r} (joints[{i}])",
             )
-        if jt.type is not BotJointType.HARD:
-            ids = (len(joints),)
-            joints.append(_joint_desc(jt, i, lk))
+        ids = (len(joints),)
+        joints.append(_joint_desc(jt, i, lk))
         bodies.append(
             BodyDesc(
                 name=lk.name,
@@ -314,7 +314,7 @@ def _bot_joint(jd: JointDesc, parent_from_joint: TransformRT) -> tuple[BotJointP
     """The bot joint of a desc joint and the link's ``parentJointFromLink``."""
     anchor = np.array(jd.anchor)
     frame = parent_from_joint.compose(TransformRT(translation=anchor))
-    jtype = {v: k for k, v in _TO_DESC.items()}.get(jd.type, BotJointType.HARD)
+    jtype = {v: k for k, v in _TO_DESC.items()}[jd.type]
     lo_hi = None
     if jd.type is JointType.HINGE:
         frame = frame.compose(TransformRT(rotation_wxyz=R.quat_from_axis_angle(np.array(jd.axis), np.array(-jd.ref))))
