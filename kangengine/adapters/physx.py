@@ -199,6 +199,13 @@ class PhysXMotionAdapter:
         ).reshape(shape)
         self._sc = (i64(sc_dof, -1), i64(sc_q, -1), i64(sc_v, -1), np.array(sc_ref, dtype=np.float64))
         self._ball = (i64(ball_dof, (-1, 3)), i64(ball_q, (-1, 4)), i64(ball_v, (-1, 3)))
+        # the three-hinge groups stacked, [groups, 3] each, so that pack/unpack convert them all at once
+        self._h3 = {
+            k: np.array([h[k] for h in self._hinge3], dtype=np.float64 if k in ("ref", "sign") else np.int64).reshape(
+                -1, 3
+            )
+            for k in ("dof", "q", "v", "ref", "sign")
+        }
         # exponential-coordinate DOF triples (ball and three-hinge groups), for pack_sample
         self._exp_cols = (
             np.concatenate([self._ball[0].reshape(-1, 3)] + [h["dof"][None] for h in self._hinge3])
@@ -254,13 +261,15 @@ class PhysXMotionAdapter:
             quat = R.quat_normalize(q[:, iq])
             jp[:, d] = R.quat_to_rotvec(quat)
             jv[:, d] = R.quat_rotate_inverse(quat, qd[:, iv])
-        for h in self._hinge3:
+        h = self._h3
+        if h["dof"].size:  # every three-hinge group at once: angles [frames, groups, 3]
             sign = h["sign"].astype(dt)
             angles = (q[:, h["q"]] - h["ref"].astype(dt)) * sign
             rot_joint = R.quat_from_euler(angles, "xyz", extrinsic=False)  # in the hinge-axes frame
-            jp[:, h["dof"]] = R.quat_to_rotvec(rot_joint)
+            cols = h["dof"].reshape(-1)
+            jp[:, cols] = R.quat_to_rotvec(rot_joint).reshape(n, -1)
             w_parent = _euler_xyz_rates_to_w(angles, qd[:, h["v"]] * sign)
-            jv[:, h["dof"]] = R.quat_rotate_inverse(rot_joint, w_parent)
+            jv[:, cols] = R.quat_rotate_inverse(rot_joint, w_parent).reshape(n, -1)
         return PhysXBuffers(rp, rr, rv, rw, jp, jv)
 
     def _root_pack(self, q, qd):
@@ -363,13 +372,14 @@ class PhysXMotionAdapter:
             quat = R.quat_from_rotvec(jp[:, d])
             q[:, iq] = quat
             qd[:, iv] = R.quat_rotate(quat, jv[:, d])
-        for h in self._hinge3:
+        h = self._h3
+        if h["dof"].size:
             rot_joint = R.quat_from_rotvec(jp[:, h["dof"]])
             sign = h["sign"].astype(dt)
             angles = R.quat_to_euler(rot_joint, "xyz", extrinsic=False)
-            q[:, h["q"]] = angles * sign + h["ref"].astype(dt)
+            q[:, h["q"].reshape(-1)] = (angles * sign + h["ref"].astype(dt)).reshape(n, -1)
             w_parent = R.quat_rotate(rot_joint, jv[:, h["dof"]])
-            qd[:, h["v"]] = _w_to_euler_xyz_rates(angles, w_parent) * sign
+            qd[:, h["v"].reshape(-1)] = (_w_to_euler_xyz_rates(angles, w_parent) * sign).reshape(n, -1)
         return q, qd
 
     # -- MotionLibrary protocol ------------------------------------------------------------------
@@ -612,10 +622,11 @@ def _dof_names_for(g: _Group, names) -> list[str]:
 
 
 def _euler_xyz_rates_to_w(angles, rates):
-    """Angular velocity (parent joint frame) of ``R = Rx(a0) Ry(a1) Rz(a2)`` from the angle rates."""
-    a0, a1 = angles[:, 0], angles[:, 1]
+    """Angular velocity (parent joint frame) of ``R = Rx(a0) Ry(a1) Rz(a2)`` from the angle rates
+    (``angles``, ``rates``: ``(..., 3)``)."""
+    a0, a1 = angles[..., 0], angles[..., 1]
     c0, s0, c1, s1 = np.cos(a0), np.sin(a0), np.cos(a1), np.sin(a1)
-    r0, r1, r2 = rates[:, 0], rates[:, 1], rates[:, 2]
+    r0, r1, r2 = rates[..., 0], rates[..., 1], rates[..., 2]
     # columns: e_x, Rx(a0) e_y, Rx(a0) Ry(a1) e_z
     wx = r0 + s1 * r2
     wy = c0 * r1 - s0 * c1 * r2
@@ -625,9 +636,9 @@ def _euler_xyz_rates_to_w(angles, rates):
 
 def _w_to_euler_xyz_rates(angles, w):
     """Inverse of :func:`_euler_xyz_rates_to_w` (singular at the middle angle +-pi/2, gimbal lock)."""
-    a0, a1 = angles[:, 0], angles[:, 1]
+    a0, a1 = angles[..., 0], angles[..., 1]
     c0, s0, c1, s1 = np.cos(a0), np.sin(a0), np.cos(a1), np.sin(a1)
-    wx, wy, wz = w[:, 0], w[:, 1], w[:, 2]
+    wx, wy, wz = w[..., 0], w[..., 1], w[..., 2]
     r2 = (-s0 * wy + c0 * wz) / c1
     r1 = c0 * wy + s0 * wz
     r0 = wx - s1 * r2
