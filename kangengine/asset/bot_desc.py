@@ -18,7 +18,8 @@ scaled to the given mass; with explicit COM and inertia and a density, only the 
 **Desc -> bot** (:func:`bot_from_desc`): a body with ``k`` joints becomes ``k`` links (``k - 1`` shapeless
 frames named ``{joint}_frame`` and the body last), a body without joints one link with a Hard joint (the URDF's
 fixed joint keeps its name). A hinge's or slide's ``ref`` is baked into ``parentLinkFromJoint``, so a bot value
-is the description's value minus ``ref``. The root body's rest transform becomes ``worldFromRoot``. What the
+is the description's value minus ``ref``. The root body's rest transform becomes ``worldFromRoot``. A joint
+that has a body's name (MJCF allows it; the schema does not) is renamed ``{name}_joint``. What the
 schema cannot hold is dropped and said in ``BotPrefab.notes``: velocity limits, passive joint springs, mimics,
 tendons, ball-joint ranges, primitive collision geoms and all but the first mesh per body.
 """
@@ -348,6 +349,7 @@ def bot_from_desc(desc: ArticulationDesc, *, world_joint: str | None = None, nam
         name: bot name (default ``desc.name``).
     """
     names, notes = _Names(desc), []
+    body_names = set(desc.body_names)
     joints: list[BotJointPrefab] = []
     links: list[BotLinkPrefab] = []
     last_link: dict[int, int] = {}
@@ -366,6 +368,10 @@ def bot_from_desc(desc: ArticulationDesc, *, world_joint: str | None = None, nam
         from_parent = TransformRT() if root else rest
         for k, jd in enumerate(chain):
             last = k == len(chain) - 1
+            if jd.name in body_names:  # a bot's names are unique across joints and links
+                renamed = names.fresh(f"{jd.name}_joint")
+                notes.append(f"joint {jd.name!r} renamed {renamed!r}: a body has its name")
+                jd = JointDesc(**{**jd.__dict__, "name": renamed})
             joint, joint_from_link = _bot_joint(jd, from_parent)
             mp, shape = _mass_and_shape(desc, b, notes) if last else (BotMassProperties(), None)
             links.append(
