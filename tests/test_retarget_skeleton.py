@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ from conftest import data_file
 import kangengine as ke
 from kangengine import rotations as R
 from kangengine.animation.mapper import ArticulationMotionMapper
-from kangengine.errors import FileMissingError, FormatError, ShapeError, UnknownNameError
+from kangengine.errors import FileMissingError, FormatError, MotionError, ShapeError, UnknownNameError
 from kangengine.retarget import skeleton as rt
 
 AMP_MJCF = "mjcf/protomotions/amp_humanoid.xml"
@@ -248,7 +249,9 @@ def test_smpl_to_smpl_humanoid_is_a_renaming(tmp_path):
     mr = _mapper(desc).to_articulation_motion(res.motion)
     pos, _ = ke.animation.forward_kinematics(_mapper(desc).layout, mr.motion.q)
     np.testing.assert_allclose(pos, res.motion.global_translation, atol=1e-4)
-    low = rt._lowest_points(desc, res.motion.global_translation.astype(float), res.motion.global_rotation.astype(float))
+    low, _ = rt._lowest_points(
+        desc, res.motion.global_translation.astype(float), res.motion.global_rotation.astype(float)
+    )
     assert low.min() == pytest.approx(0.0, abs=1e-5)  # the lowest collision geom touches the ground
 
 
@@ -263,7 +266,7 @@ def test_cmu_bvh_to_cmu_humanoid_feet_on_ground_and_small_mapping_error(cmu_bvh,
     assert set(res.rigid_target_joints) == {"lhipjoint", "rhipjoint"}
     assert 0.9 < res.scale < 1.0  # the dm_control model is a slightly smaller CMU subject
     # feet: the lowest collision geom of each frame stays within a few cm of the floor (walking: one foot down)
-    low = rt._lowest_points(cmu_desc, m.global_translation.astype(float), m.global_rotation.astype(float))
+    low, _ = rt._lowest_points(cmu_desc, m.global_translation.astype(float), m.global_rotation.astype(float))
     assert low.min() > -0.005 and np.percentile(low, 95) < 0.03 and np.median(low) < 0.015
     # the articulation reproduces the retargeted skeleton motion (knees, elbows fitted; ankles have 2 hinges)
     mapper = _mapper(cmu_desc)
@@ -425,3 +428,53 @@ def test_cgspeed_name_variants_and_layout_targets(cmu_desc):
         rt.retarget_motion(
             hops, cfg.replace(joint_mapping={"Hips": "root", "LeftHandIndex1|LFingerz": "lfingers"}), cmu_desc
         )
+
+
+# -- implausible inputs are refused, not passed on ------------------------------------------------------------
+
+
+def test_auto_scale_refuses_a_rest_pose_that_does_not_stand_along_z(cmu_bvh, cmu_desc):
+    """A target whose rest pose lies along -Y (legs and arms sideways) once got scale 0.0088 and a walk that
+    moved 3 cm: the fit is refused with the numbers."""
+    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid")
+    upright = rt.make_tpose(cmu_desc, cfg.target_tpose)
+    lying = ke.animation.SkeletonState(
+        upright.tree,
+        R.quat_rotate(R.quat_from_axis_angle([1.0, 0.0, 0.0], np.pi / 2), upright.root_translation),
+        upright.local_rotation.copy(),
+    )
+    lying.local_rotation[0] = R.quat_multiply(
+        R.quat_from_axis_angle([1.0, 0.0, 0.0], np.pi / 2), lying.local_rotation[0]
+    )
+    with pytest.raises(MotionError, match="target T-pose .* does not stand up along \\+Z"):
+        rt.retarget_motion(cmu_bvh[:10], cfg, cmu_desc, target_tpose=lying)
+    # the upright pose gives the plausible scale (the dm_control model is a slightly smaller CMU subject)
+    assert 0.9 < rt.retarget_motion(cmu_bvh[:10], cfg, cmu_desc, target_tpose=upright).scale < 1.0
+
+
+def test_auto_scale_refuses_an_implausible_ratio(cmu_bvh, cmu_desc):
+    """A source read in the wrong unit (centimetres taken for metres: a 170 m performer) fits scale ~0.01."""
+    big = ke.animation.SkeletonMotion(
+        ke.animation.SkeletonTree(
+            cmu_bvh.tree.node_names, cmu_bvh.tree.parent_indices, cmu_bvh.tree.local_translation * 100.0
+        ),
+        cmu_bvh.root_translation[:10] * 100.0,
+        cmu_bvh.local_rotation[:10],
+        cmu_bvh.fps,
+    )
+    with pytest.raises(MotionError, match=r"fitted 0\.0\d+ .* outside the plausible 0\.1-10"):
+        rt.retarget_motion(big, "cmu_bvh_to_cmu_humanoid", cmu_desc)
+
+
+def test_feet_without_collision_geoms_stand_on_their_origins(cmu_bvh, cmu_desc):
+    """With the feet's collision geoms removed, the ground fix once put the ankles 0.6-0.7 m under the
+    floor (only the other bodies' geoms were looked at): bodies without geometry now count by their origin,
+    and the result says which they were."""
+    feet = {"lfoot", "ltoes", "rfoot", "rtoes"}
+    ids = {i for i, b in enumerate(cmu_desc.bodies) if b.name in feet}
+    no_feet = dataclasses.replace(cmu_desc, geoms=tuple(g for g in cmu_desc.geoms if g.body not in ids))
+    res = rt.retarget_motion(cmu_bvh[:300], "cmu_bvh_to_cmu_humanoid", no_feet)
+    pos = res.motion.global_translation
+    foot_z = pos[:, [no_feet.body_names.index(n) for n in sorted(feet)], 2]
+    assert foot_z.min() == pytest.approx(0.0, abs=1e-5)  # the lowest foot origin is on the floor, not under it
+    assert set(res.motion.metadata["retarget"]["ground_bodies_without_geoms"]) == feet

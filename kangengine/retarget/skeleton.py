@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import rotations as R
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
-from ..errors import FileMissingError, FormatError, KangEngineError, ShapeError, UnknownNameError
+from ..errors import FileMissingError, FormatError, KangEngineError, MotionError, ShapeError, UnknownNameError
 
 __all__ = [
     "GroundFix",
@@ -501,43 +501,49 @@ def _tpose_of(t: _Target, spec: TPoseSpec) -> SkeletonState:
 # -- ground ---------------------------------------------------------------------------------------------
 
 
-def _lowest_points(desc, body_pos, body_rot) -> np.ndarray | None:
-    """``[frames]`` lowest world z over the collision geoms of ``desc`` (None if it has none usable)."""
+def _lowest_points(desc, body_pos, body_rot) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """``[frames]`` lowest world z over the collision geoms of ``desc`` and the origins of bodies that carry
+    no usable collision geom (a foot without geometry still touches the ground at its origin), and the names
+    of those bodies; None if the model has no usable geom at all.
+
+    Only the third row of each body's world rotation is needed (``z`` of a rotated vector), so the work is
+    one row per body and one ``[G, 3, 3]`` constant per geom, not a quaternion product per geom and frame.
+    """
     from ..asset.desc import GeomType
 
-    geoms = [
-        g
-        for g in getattr(desc, "geoms", ())
-        if g.body >= 0
-        and g.collides
-        and g.type in (GeomType.SPHERE, GeomType.CAPSULE, GeomType.CYLINDER, GeomType.BOX, GeomType.ELLIPSOID)
-    ]
+    kinds = (GeomType.SPHERE, GeomType.CAPSULE, GeomType.CYLINDER, GeomType.BOX, GeomType.ELLIPSOID)
+    geoms = [g for g in getattr(desc, "geoms", ()) if g.body >= 0 and g.collides and g.type in kinds]
     if not geoms:
         return None
     gb = np.array([g.body for g in geoms])
-    gpos = np.array([g.pos for g in geoms])
-    gq = np.array([g.quat_wxyz for g in geoms])
-    size = np.array([g.size for g in geoms])
-    kind = [g.type for g in geoms]
-    rot = R.quat_multiply(body_rot[:, gb], gq)  # [T, G, 4]
-    centre_z = body_pos[:, gb, 2] + R.quat_rotate(body_rot[:, gb], gpos)[..., 2]
-    w, x, y, z = (rot[..., k] for k in range(4))
-    rz = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # row 2 of the matrix
-    ext = np.zeros(centre_z.shape)
-    for k, gt in enumerate(kind):
-        r = rz[:, k]
-        s = size[k]
-        if gt is GeomType.SPHERE:
-            ext[:, k] = s[0]
-        elif gt is GeomType.CAPSULE:
-            ext[:, k] = np.abs(r[:, 2]) * s[1] + s[0]
-        elif gt is GeomType.CYLINDER:
-            ext[:, k] = np.abs(r[:, 2]) * s[1] + s[0] * np.sqrt(np.clip(1 - r[:, 2] ** 2, 0, 1))
-        elif gt is GeomType.BOX:
-            ext[:, k] = np.abs(r) @ s
+    gpos = np.array([g.pos for g in geoms], dtype=np.float64)  # [G, 3] in the body frame
+    gmat = R.quat_to_matrix(np.array([g.quat_wxyz for g in geoms], dtype=np.float64))  # [G, 3, 3]
+    size = np.array([g.size for g in geoms], dtype=np.float64)  # [G, 3]
+    w, x, y, z = (np.asarray(body_rot[..., k], dtype=np.float64) for k in range(4))  # [T, B]
+    row = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # [T, B, 3]
+    rb = row[:, gb]  # [T, G, 3]
+    centre_z = np.asarray(body_pos[..., 2], dtype=np.float64)[:, gb] + (rb * gpos).sum(-1)
+    rz = rb[..., 0:1] * gmat[:, 0] + rb[..., 1:2] * gmat[:, 1] + rb[..., 2:3] * gmat[:, 2]  # row 2 of world_from_geom
+    kind = np.array([kinds.index(g.type) for g in geoms])
+    ext = np.empty_like(centre_z)
+    for k in np.unique(kind):  # one vectorised formula per geom type present
+        c = np.flatnonzero(kind == k)
+        r, sz = rz[:, c], size[c]
+        if k == 0:  # sphere
+            ext[:, c] = sz[:, 0]
+        elif k == 1:  # capsule: half-length along its z axis, plus the radius
+            ext[:, c] = np.abs(r[..., 2]) * sz[:, 1] + sz[:, 0]
+        elif k == 2:  # cylinder
+            ext[:, c] = np.abs(r[..., 2]) * sz[:, 1] + sz[:, 0] * np.sqrt(np.clip(1 - r[..., 2] ** 2, 0, 1))
+        elif k == 3:  # box: half-sizes
+            ext[:, c] = (np.abs(r) * sz).sum(-1)
         else:  # ellipsoid
-            ext[:, k] = np.sqrt(((r * s) ** 2).sum(-1))
-    return (centre_z - ext).min(axis=1)
+            ext[:, c] = np.sqrt(((r * sz) ** 2).sum(-1))
+    low = (centre_z - ext).min(axis=1)
+    bare = sorted(set(range(body_pos.shape[1])) - set(gb.tolist()))
+    if bare:
+        low = np.minimum(low, np.asarray(body_pos[:, bare, 2], dtype=np.float64).min(axis=1))
+    return low, tuple(desc.bodies[b].name for b in bare)
 
 
 # -- articulation-aware steps ------------------------------------------------------------------------------
@@ -751,14 +757,42 @@ def _resolve_sources(mapping: dict, tree: SkeletonTree) -> dict:
     return out
 
 
+#: Plausible range of a fitted ``scale="auto"`` (target height / source height, both in metres): a robot or
+#: character between a tenth and ten times its performer. Outside it the T-poses do not describe the same
+#: upright pose (a rest pose lying along another axis gave 0.0088) and the motion would be shrunk or blown up.
+AUTO_SCALE_RANGE = (0.1, 10.0)
+
+
+def _standing_height(pose: SkeletonState, idx, side: str) -> float:
+    """Height of the mapped root above the lowest mapped joint of a T-pose, refused when the pose does not
+    stand along +Z (its vertical extent under a fifth of its horizontal one)."""
+    p = np.asarray(pose.global_translation, dtype=np.float64)[idx]
+    h = float(p[0, 2] - p[:, 2].min())
+    across = float(np.ptp(p[:, :2], axis=0).max())
+    tall = float(np.ptp(p[:, 2]))
+    if h <= 1e-9 or tall < 0.2 * across:
+        raise MotionError(
+            f"scale='auto': the {side} T-pose is {tall:.4g} m tall along +Z but {across:.4g} m across (root "
+            f"{h:.4g} m above the lowest mapped joint): it does not stand up along +Z; give a number for scale, "
+            f"or a {side} T-pose that stands (Z up)",
+            item="scale",
+        )
+    return h
+
+
 def _auto_scale(src_tpose: SkeletonState, tgt_tpose: SkeletonState, src_idx, tgt_idx) -> float:
-    ps = src_tpose.global_translation[src_idx]
-    pt = tgt_tpose.global_translation[tgt_idx]
-    hs = ps[0, 2] - ps[:, 2].min()
-    ht = pt[0, 2] - pt[:, 2].min()
-    if hs <= 1e-9 or ht <= 1e-9:
-        raise ShapeError("scale='auto' needs T-poses whose mapped root is above other mapped joints", item="scale")
-    return float(ht / hs)
+    hs = _standing_height(src_tpose, src_idx, "source")
+    ht = _standing_height(tgt_tpose, tgt_idx, "target")
+    scale = ht / hs
+    lo, hi = AUTO_SCALE_RANGE
+    if not lo <= scale <= hi:
+        raise MotionError(
+            f"scale='auto' fitted {scale:.4g} (target root {ht:.4g} m over source root {hs:.4g} m above the "
+            f"lowest mapped joint), outside the plausible {lo:g}-{hi:g}; check the units of the source and the "
+            "target's rest pose, or give scale as a number",
+            item="scale",
+        )
+    return float(scale)
 
 
 def retarget_motion(
@@ -905,7 +939,11 @@ def retarget_motion(
         pos = motion.global_translation
         low = None
         if config.ground_reference is GroundReference.COLLISION_GEOMS and tgt.desc is not None:
-            low = _lowest_points(tgt.desc, pos, motion.global_rotation)
+            found = _lowest_points(tgt.desc, pos, motion.global_rotation)
+            if found is not None:
+                low, bare = found
+                if bare:  # recorded: these bodies stand on their origins
+                    meta["retarget"]["ground_bodies_without_geoms"] = list(bare)
         if low is None:
             low = pos[..., 2].min(axis=1)
         if config.ground_fix is GroundFix.ROLLING_MIN:
