@@ -83,6 +83,19 @@ def numpy_newton(q, qd, q_index, qd_index, com):
     return jq, jqd
 
 
+def numpy_physx_hinges(q, qd, dof_q, dof_v, ref, com):
+    """The peer for a model of single hinges: DOF columns gathered minus ref, the root quaternion to XYZW, the
+    root velocity to its COM."""
+    jp = q[:, dof_q] - ref
+    jv = qd[:, dof_v]
+    root_xyzw = q[:, [4, 5, 6, 3]]
+    u = q[:, 4:7]
+    t = 2.0 * np.cross(u, com)
+    com_world = com + q[:, 3:4] * t + np.cross(u, t)
+    v_com = qd[:, :3] + np.cross(qd[:, 3:6], com_world)
+    return jp, jv, v_com, root_xyzw, q[:, :3], qd[:, 3:6]
+
+
 def mujoco_loop(motion):
     """Per frame: the root's world angular velocity into its local frame with mju_rotVecQuat."""
     qpos = motion.q.astype(np.float64).copy()
@@ -139,6 +152,27 @@ def main():
     px = PhysXMotionAdapter(layout)
     w, c = timed(lambda: px.pack(motion), 3)
     print(f"PhysX pack (hinge triplets to rotation vectors): {frames / w:,.0f} frames/s (cpu {frames / c:,.0f})")
+
+    # PhysX on the G1 (single hinges: the DOF state is a gather, so the numpy peer does the same work)
+    g1 = ke.animation.ArticulationCoordinateLayout.from_data(
+        data=ke.asset.MJCFLoader.load(DATA / "mjcf" / "unitree" / "g1_29dof.nomesh.xml")
+    )
+    gm = random_motion(g1, 20000, np.random.default_rng(1))
+    pg = PhysXMotionAdapter(g1)
+    dof_q = np.array([g1.block(n).q_offset for n in pg.dof_names])
+    dof_v = np.array([g1.block(n).qd_offset for n in pg.dof_names])
+    ref = np.array([g1.block(n).ref for n in pg.dof_names], dtype=np.float32)
+    g1_com = g1.body_coms[0].astype(np.float32)
+    peer = lambda: numpy_physx_hinges(gm.q, gm.qd, dof_q, dof_v, ref, g1_com)  # noqa: E731
+    got, want = pg.pack(gm), peer()
+    assert np.allclose(got.joint_positions, want[0]) and np.allclose(got.root_linear_velocities, want[2], atol=1e-5)
+    line(
+        f"PhysX pack, G1 ({gm.num_frames} frames)",
+        gm.num_frames,
+        timed(lambda: pg.pack(gm)),
+        timed(peer),
+        "numpy gather",
+    )
 
     n = 4096
     for name, adapter in (("MuJoCo", mj), ("Newton", nw), ("PhysX", px)):

@@ -198,6 +198,8 @@ class PhysXMotionAdapter:
             [list(r) for r in x] if x and not np.isscalar(x[0]) else x, dtype=np.int64
         ).reshape(shape)
         self._sc = (i64(sc_dof, -1), i64(sc_q, -1), i64(sc_v, -1), np.array(sc_ref, dtype=np.float64))
+        self._sc_sorted = np.argsort(self._sc[0], kind="stable")  # scalar DOFs in column order
+        self._sc_ref_any = bool(np.any(self._sc[3]))
         self._ball = (i64(ball_dof, (-1, 3)), i64(ball_q, (-1, 4)), i64(ball_v, (-1, 3)))
         # the three-hinge groups stacked, [groups, 3] each, so that pack/unpack convert them all at once
         self._h3 = {
@@ -250,27 +252,66 @@ class PhysXMotionAdapter:
         dt = q.dtype
         n = q.shape[0]
         rp, rr, rv, rw = self._root_pack(q, qd)
-        jp = np.zeros((n, self.num_dofs), dtype=dt)
-        jv = np.zeros((n, self.num_dofs), dtype=dt)
         d, iq, iv, ref = self._sc
-        if d.size:
-            jp[:, d] = q[:, iq] - ref.astype(dt)
-            jv[:, d] = qd[:, iv]
+        if d.size == self.num_dofs:  # scalar DOFs only (the G1): two gathers
+            jp = np.take(q, iq[self._sc_sorted], axis=1)
+            jv = np.take(qd, iv[self._sc_sorted], axis=1)
+            if self._sc_ref_any:
+                jp -= ref[self._sc_sorted].astype(dt)
+        else:
+            jp = np.empty((n, self.num_dofs), dtype=dt)
+            jv = np.empty((n, self.num_dofs), dtype=dt)
+            if d.size:
+                jp[:, d] = np.take(q, iq, axis=1) - ref.astype(dt)
+                jv[:, d] = np.take(qd, iv, axis=1)
         d, iq, iv = self._ball
         if d.size:
             quat = R.quat_normalize(q[:, iq])
             jp[:, d] = R.quat_to_rotvec(quat)
             jv[:, d] = R.quat_rotate_inverse(quat, qd[:, iv])
-        h = self._h3
-        if h["dof"].size:  # every three-hinge group at once: angles [frames, groups, 3]
-            sign = h["sign"].astype(dt)
-            angles = (q[:, h["q"]] - h["ref"].astype(dt)) * sign
-            rot_joint = R.quat_from_euler(angles, "xyz", extrinsic=False)  # in the hinge-axes frame
-            cols = h["dof"].reshape(-1)
-            jp[:, cols] = R.quat_to_rotvec(rot_joint).reshape(n, -1)
-            w_parent = _euler_xyz_rates_to_w(angles, qd[:, h["v"]] * sign)
-            jv[:, cols] = R.quat_rotate_inverse(rot_joint, w_parent).reshape(n, -1)
+        if self._h3["dof"].size:
+            self._pack_hinge3(q, qd, jp, jv)
         return PhysXBuffers(rp, rr, rv, rw, jp, jv)
+
+    def _pack_hinge3(self, q, qd, jp, jv):
+        """Every three-hinge group at once, component-wise on ``[frames, groups]`` arrays: the rotation
+        ``Rx(a0) Ry(a1) Rz(a2)`` in the hinge-axes frame as a rotation vector, and the joint's angular
+        velocity in child-frame components."""
+        h = self._h3
+        dt = q.dtype
+        a = [
+            (np.take(q, h["q"][:, k], axis=1) - h["ref"][:, k].astype(dt)) * h["sign"][:, k].astype(dt)
+            for k in range(3)
+        ]
+        r = [np.take(qd, h["v"][:, k], axis=1) * h["sign"][:, k].astype(dt) for k in range(3)]
+        c0, c1, c2 = (np.cos(0.5 * x) for x in a)
+        s0, s1, s2 = (np.sin(0.5 * x) for x in a)
+        c0c1, s0s1, s0c1, c0s1 = c0 * c1, s0 * s1, s0 * c1, c0 * s1
+        w = c0c1 * c2 - s0s1 * s2  # q = qx(a0) qy(a1) qz(a2)
+        x = s0c1 * c2 + c0s1 * s2
+        y = c0s1 * c2 - s0c1 * s2
+        z = s0s1 * c2 + c0c1 * s2
+        # angular velocity in the parent joint frame: e_x r0 + Rx(a0) e_y r1 + Rx(a0) Ry(a1) e_z r2
+        cos0, sin0, cos1, sin1 = np.cos(a[0]), np.sin(a[0]), np.cos(a[1]), np.sin(a[1])
+        wx = r[0] + sin1 * r[2]
+        wy = cos0 * r[1] - sin0 * cos1 * r[2]
+        wz = sin0 * r[1] + cos0 * cos1 * r[2]
+        # child-frame components: R(q)^T w, i.e. rotate by (w, -x, -y, -z)
+        tx = 2.0 * (z * wy - y * wz)
+        ty = 2.0 * (x * wz - z * wx)
+        tz = 2.0 * (y * wx - x * wy)
+        dof = h["dof"]
+        jv[:, dof[:, 0]] = wx + w * tx - (y * tz - z * ty)
+        jv[:, dof[:, 1]] = wy + w * ty - (z * tx - x * tz)
+        jv[:, dof[:, 2]] = wz + w * tz - (x * ty - y * tx)
+        # rotation vector, shortest (w >= 0)
+        flip = np.where(w < 0, -1.0, 1.0).astype(dt)
+        vn = np.sqrt(x * x + y * y + z * z)
+        small = vn < 1e-7
+        k = np.where(small, 2.0, 2.0 * np.arctan2(vn, np.abs(w)) / np.where(small, 1.0, vn)) * flip
+        jp[:, dof[:, 0]] = k * x
+        jp[:, dof[:, 1]] = k * y
+        jp[:, dof[:, 2]] = k * z
 
     def _root_pack(self, q, qd):
         dt = q.dtype
@@ -281,15 +322,24 @@ class PhysXMotionAdapter:
             rr = np.broadcast_to(R.quat_wxyz_to_xyzw(lay.rest_rotations_wxyz[0]).astype(dt), (n, 4)).copy()
             return rp, rr, np.zeros((n, 3), dt), np.zeros((n, 3), dt)
         o, v = self._free.q_offset, self._free.qd_offset
-        quat = R.quat_normalize(q[:, o + 3 : o + 7])
-        w = qd[:, v + 3 : v + 6]
-        v_com = qd[:, v : v + 3] + np.cross(w, R.quat_rotate(quat, self._root_com.astype(dt)))
-        return (
-            np.ascontiguousarray(q[:, o : o + 3]),
-            R.quat_wxyz_to_xyzw(quat),
-            np.ascontiguousarray(v_com),
-            np.ascontiguousarray(w),
-        )
+        # component-wise on [frames] columns: normalise, reorder to XYZW, v_com = v + w x (R com)
+        qw, qx, qy, qz = (q[:, o + 3 + k] for k in range(4))
+        inv = 1.0 / np.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
+        rr = np.empty((n, 4), dtype=dt)
+        for k, comp in enumerate((qx, qy, qz, qw)):
+            np.multiply(comp, inv, out=rr[:, k])
+        qx, qy, qz, qw = rr[:, 0], rr[:, 1], rr[:, 2], rr[:, 3]
+        cx, cy, cz = (float(c) for c in self._root_com)
+        tx, ty, tz = 2.0 * (qy * cz - qz * cy), 2.0 * (qz * cx - qx * cz), 2.0 * (qx * cy - qy * cx)
+        ex = cx + qw * tx + (qy * tz - qz * ty)
+        ey = cy + qw * ty + (qz * tx - qx * tz)
+        ez = cz + qw * tz + (qx * ty - qy * tx)
+        wx, wy, wz = qd[:, v + 3], qd[:, v + 4], qd[:, v + 5]
+        rv = np.empty((n, 3), dtype=dt)
+        rv[:, 0] = qd[:, v] + (wy * ez - wz * ey)
+        rv[:, 1] = qd[:, v + 1] + (wz * ex - wx * ez)
+        rv[:, 2] = qd[:, v + 2] + (wx * ey - wy * ex)
+        return np.ascontiguousarray(q[:, o : o + 3]), rr, rv, np.ascontiguousarray(qd[:, v + 3 : v + 6])
 
     def unpack(
         self,
