@@ -404,6 +404,40 @@ def test_conventions_written_out(physx_mjcf):
     np.testing.assert_allclose(buf.joint_positions[:, k], q[:, el.q_offset] - 0.2, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rel", ["smpl", "cmu"])
+def test_hinge_triplets_against_scipy(rel, dtype, cmu_without_pairs):
+    """Three-hinge D6 DOFs: the rotation vector of Rx(a0) Ry(a1) Rz(a2) (scipy "XYZ", a2 negated for a
+    left-handed triplet), and the child-frame angular velocity by finite differences of scipy's rotation."""
+    from scipy.spatial.transform import Rotation
+
+    path = data_file("mjcf/protomotions/smpl_humanoid.xml") if rel == "smpl" else cmu_without_pairs
+    _, layout = _load(path)
+    adapter = PhysXMotionAdapter(layout)
+    q, qd = random_state(layout, 5, np.random.default_rng(12))
+    buf = adapter.pack_arrays(q.astype(dtype), qd.astype(dtype))
+    assert buf.joint_positions.dtype == dtype
+    h = 1e-6
+    tol = 2e-5 if dtype == np.float32 else 1e-8
+    checked = 0
+    for g in adapter._groups:
+        if g.kind != "hinge3":
+            continue
+        blocks = [layout.blocks[i] for i in g.blocks]
+        axes = np.array([b.axis for b in blocks])
+        sign = np.array([1.0, 1.0, np.sign(np.linalg.det(axes))])
+        ang = (q[:, [b.q_offset for b in blocks]] - [b.ref for b in blocks]) * sign
+        rate = qd[:, [b.qd_offset for b in blocks]] * sign
+        k = adapter.dof_names.index(f"{g.names[0]}:0")
+        rot = Rotation.from_euler("XYZ", ang)
+        np.testing.assert_allclose(buf.joint_positions[:, k : k + 3], rot.as_rotvec(), atol=tol)
+        step = Rotation.from_euler("XYZ", ang + h * rate) * Rotation.from_euler("XYZ", ang - h * rate).inv()
+        w_parent = step.as_rotvec() / (2 * h)
+        np.testing.assert_allclose(buf.joint_velocities[:, k : k + 3], rot.inv().apply(w_parent), atol=tol * 50)
+        checked += 1
+    assert checked >= 9
+
+
 def test_round_trip_and_pack_sample(physx_mjcf):
     torch = pytest.importorskip("torch")
     _, layout = _load(physx_mjcf)
