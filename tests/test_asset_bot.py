@@ -165,6 +165,86 @@ def test_g1_urdf_to_bot_file_and_back_keeps_forward_kinematics(tmp_path):
             assert jb.effort_limit == pytest.approx(ja.effort_limit)
 
 
+def test_bot_simulates_like_the_urdf_in_mujoco(tmp_path):
+    """The bot's simulator model (mass matrix, bias forces) equals MuJoCo's compile of the same URDF."""
+    import torch
+
+    path = data_file("urdf/unitree/g1_29dof.nomesh.urdf")
+    bot = load_bot(save_bot(tmp_path / "g1.superdex_bot", bot_from_urdf(path, fixed_base=True)))
+    desc = bot_to_desc(bot)
+    model = ke.sim.Model.from_desc(desc, free_root=False, dtype=torch.float64)
+    spec = mujoco.MjSpec.from_file(str(path))
+    spec.compiler.fusestatic = False
+    m = spec.compile()
+    assert model.layout.nv == m.nv == 29
+    assert [b.joint_name for b in model.layout.blocks if b.q_dim] == [m.joint(j).name for j in range(m.njnt)]
+    d = mujoco.MjData(m)
+    rng = np.random.default_rng(5)
+    q, qd = rng.uniform(-0.8, 0.8, (3, m.nq)), rng.normal(size=(3, m.nv))
+    mass = ke.sim.mass_matrix(model, torch.as_tensor(q)).numpy()
+    bias = ke.sim.bias_forces(model, torch.as_tensor(q), torch.as_tensor(qd)).numpy()
+    for i in range(3):
+        d.qpos[:], d.qvel[:] = q[i], qd[i]
+        mujoco.mj_forward(m, d)
+        full = np.zeros((m.nv, m.nv))
+        mujoco.mj_fullM(m, d, full)
+        np.testing.assert_allclose(mass[i], full, atol=1e-10 * np.abs(full).max())
+        np.testing.assert_allclose(bias[i], d.qfrc_bias, atol=1e-9 * np.abs(d.qfrc_bias).max())
+
+
+def test_every_field_survives_the_file(tmp_path):
+    d = _arm_dict()
+    s = math.sqrt(0.5)
+    d["joints"][1].update(
+        friction={"viscous": 0.5, "coulomb": 0.2, "falloffVel": 0.01, "stictionExtra": 0.1, "stribeckVel": 0.05},
+        inertia=0.03,
+        limitStiffness=250.0,
+        limitDamping=2.0,
+    )
+    d["links"][1].update(
+        layer="arm",
+        colliderType="Mesh",
+        contact={"friction": 0.8},
+        hasGravity=False,
+        shapeScale=[1, 2, 3],
+        shapeRotation=[0, 0, s, s],
+        shapeTranslation=[0.1, 0, 0],
+        renderModelFile="render/l1.glb",
+        renderModelScale=[0.001, 0.001, 0.001],
+        sensors=[{"type": "imu", "name": "imu0", "rate": 200, "noise": [0.1, 0.2]}],
+    )
+    d["worldFromRoot"] = {"translation": [0, 0, 1], "rotation": [s, 0, 0, s]}
+    d["contactOverrides"] = [{"linkA": "base", "linkB": "l1", "enable": True}]
+    d["cycles"] = [{"parentLink": 0, "childLink": 2, "stiffness": 1000.0}]
+    bot = load_bot(_write(tmp_path, d))
+    link = bot.links[1]
+    assert (link.layer, link.collider_type, dict(link.contact), link.has_gravity) == (
+        "arm",
+        "Mesh",
+        {"friction": 0.8},
+        False,
+    )
+    np.testing.assert_allclose(link.shape.rotation_wxyz, [s, 0, 0, s])
+    assert link.render_model.scale == (0.001, 0.001, 0.001)
+    assert link.sensors[0].type == "imu" and dict(link.sensors[0].params) == {"rate": 200, "noise": [0.1, 0.2]}
+    assert bot.joints[1].friction.stribeck_vel == 0.05 and bot.joints[1].inertia == 0.03
+    written = save_bot(tmp_path / "copy.superdex_bot", bot)
+    assert load_bot(written) == bot
+    raw = json.loads(written.read_text())
+    assert raw["links"][1]["shapeRotation"] == pytest.approx([0, 0, s, s])  # XYZW in the file
+    assert raw["links"][1]["sensors"] == [{"type": "imu", "name": "imu0", "rate": 200, "noise": [0.1, 0.2]}]
+    desc = bot_to_desc(bot)
+    j1 = desc.joints[desc.joint_index("j1")]
+    assert (j1.armature, j1.damping, j1.frictionloss) == (0.03, 0.5, 0.2)
+
+
+def test_unknown_keys_are_noted_not_silently_dropped(tmp_path):
+    d = _arm_dict()
+    d["links"][2]["colour"] = "red"
+    bot = load_bot(_write(tmp_path, d))
+    assert any("'l2'" in n and "colour" in n for n in bot.notes)
+
+
 def test_bot_from_urdf_fixed_base_is_a_hard_weld():
     bot = bot_from_urdf(data_file(G1_URDF), fixed_base=True)
     assert bot.joints[0].type is BotJointType.HARD
@@ -173,7 +253,10 @@ def test_bot_from_urdf_fixed_base_is_a_hard_weld():
     assert ke.asset.select_root(*ke.asset.desc_graph(desc)).fixed_base
 
 
-@pytest.mark.parametrize("rel", ["mjcf/mujoco/humanoid.xml", "mjcf/dm_control/model_with_ball_joints.xml"])
+@pytest.mark.parametrize(
+    "rel",
+    ["mjcf/mujoco/humanoid.xml", "mjcf/dm_control/humanoid_CMU.xml", "mjcf/dm_control/model_with_ball_joints.xml"],
+)
 def test_mjcf_to_bot_matches_mujoco_positions(rel, tmp_path):
     """Bodies with several hinges become chains of shapeless frames; ball joints become Spherical; the
     positions of the real bodies equal MuJoCo's xpos at random qpos."""
@@ -200,8 +283,8 @@ def test_mjcf_to_bot_matches_mujoco_positions(rel, tmp_path):
         for blk in layout.blocks:
             if blk.q_dim == 0:
                 continue  # the Hard joints of welded bodies
-            j = m.joint(blk.joint_name)
-            a = m.jnt_qposadr[j.id]
+            # humanoid_CMU's free joint 'root' shares its body's name: the bot renames it 'root_joint'
+            a = 0 if blk.q_dim == 7 else m.jnt_qposadr[m.joint(blk.joint_name).id]
             if blk.joint_type.nq == 1:
                 q[blk.q_slice] = d.qpos[a] - m.qpos0[a]  # the bot's zero is the model's reference pose
             else:
