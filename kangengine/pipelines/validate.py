@@ -20,7 +20,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,9 @@ __all__ = [
 
 REPORT_FORMAT = "kangengine.validation_report"
 REPORT_VERSION = 1
+
+# clips per track call, in batches of batch_size worlds (slots reused as clips end or fall)
+_GROUP_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,8 @@ def validate(
         thresholds: :class:`ValidationThresholds`.
         plots: write the PNG plots (needs matplotlib, the ``viz`` extra).
         resume: skip clips whose report in ``out_dir`` records the same input hash.
-        batch_size: clips simulated together (sorted by length to limit padding).
+        batch_size: worlds simulated together; clips are taken longest first, and a world whose clip ends,
+            falls or diverges takes the next clip (its report still covers the whole clip).
         skipped: clips that failed before validation (name -> error), listed in the summary.
     Returns:
         :class:`ValidationResult`. Clips that cannot be validated (wrong layout, shorter than one step) are
@@ -356,10 +360,24 @@ def validate(
     simulated = 0.0
     order = sorted(range(len(todo)), key=lambda j: (-todo[j][1].duration, todo[j][0]))
     bs = max(int(batch_size), 1)
-    for b0 in range(0, len(order), bs):
-        batch = [todo[j] for j in order[b0 : b0 + bs]]
+    # batch_size worlds step together; a world whose clip ends, falls (early stop) or diverges takes the
+    # next clip of its group (longest first); groups of _GROUP_BATCHES batches bound the memory of a call
+    track_settings = replace(
+        settings,
+        fall_body_error=thresholds.fall_body_error,
+        fall_root_height_ratio=thresholds.fall_root_height_ratio,
+    )
+    group = bs * _GROUP_BATCHES
+    for b0 in range(0, len(order), group):
+        batch = [todo[j] for j in order[b0 : b0 + group]]
         try:
-            result = track(model, [m for _, m, _ in batch], settings=settings, names=[n for n, _, _ in batch])
+            result = track(
+                model,
+                [m for _, m, _ in batch],
+                settings=track_settings,
+                names=[n for n, _, _ in batch],
+                num_worlds=bs,
+            )
         except KangEngineError as exc:
             for name, _, _ in batch:
                 skips.append(SkippedClip(name, f"{type(exc).__name__}: {exc}"))

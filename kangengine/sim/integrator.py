@@ -39,10 +39,20 @@ from .kinematics import compute_frames, dof_path_sums, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
 
-__all__ = ["Simulator", "StepResult", "LinearSolver"]
+__all__ = ["Simulator", "StepResult", "LinearSolver", "cholesky_solve"]
 
 # worlds from which the tree-sparse factorisation beats a batched dense Cholesky on CPU (measured)
 _TREE_MIN_WORLDS_CPU = 256
+
+
+def cholesky_solve(rhs: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """``torch.cholesky_solve(rhs, chol)`` (``rhs [W, n, k]``, lower ``chol [W, n, n]``) whose result for one
+    batch entry never depends on where in the batch it sits: LAPACK's float32 triangular solves take
+    alignment-dependent code paths (the same system at another batch index differed in the last bit), so
+    float32 systems are solved in float64 (the factorisation is not affected) and rounded back."""
+    if rhs.dtype == torch.float32:
+        return torch.cholesky_solve(rhs.double(), chol.double()).to(rhs.dtype)
+    return torch.cholesky_solve(rhs, chol)
 
 
 class LinearSolver(str, Enum):
@@ -74,7 +84,9 @@ class StepResult:
         drive_force_requested: ``[W, nv]`` the force the drives asked for before the clamp (PD plus
             feed-forward at the end-of-step state); above ``effort_limit`` where saturated.
         drive_saturated: ``[W, nv]`` bool, the drive hit its effort limit.
-        nonfinite: ``[W]`` bool, worlds that became non-finite in this step (now frozen).
+        nonfinite: ``[W]`` bool, worlds that diverged in this step (now frozen): a non-finite state or
+            control input, a generalized speed above the simulator's ``divergence_speed`` or a coordinate
+            beyond its ``divergence_distance``. The name is kept from when only non-finite states counted.
     """
 
     state: State
@@ -113,6 +125,12 @@ class Simulator:
             once the shapes are known to be right).
         solver: :class:`LinearSolver` (or its value) for the Newton systems; ``"auto"`` picks per
             number of worlds and device.
+        divergence_speed: m/s and rad/s; a world whose generalized velocity has an entry faster than this
+            after a step has diverged (an energy blow-up shows here first) and is frozen at its last state.
+        divergence_distance: m (rad for angles); a world with a coordinate farther than this from 0 after a
+            step has diverged likewise. A world with a non-finite state or a non-finite control input
+            (targets, gains, feed-forward, external forces) is frozen too: all are cheap per-world checks,
+            so no absurd number ever leaves the step.
 
     Example::
 
@@ -131,9 +149,18 @@ class Simulator:
         line_search: bool = True,
         check_inputs: bool = True,
         solver: LinearSolver | str = LinearSolver.AUTO,
+        divergence_speed: float = 1e4,
+        divergence_distance: float = 1e6,
     ):
         if not dt > 0:
             raise ValueError(f"dt must be positive, got {dt}")
+        if not (divergence_speed > 0 and divergence_distance > 0):
+            raise ValueError(
+                f"divergence_speed and divergence_distance must be positive, got {divergence_speed}, "
+                f"{divergence_distance}"
+            )
+        self.divergence_speed = float(divergence_speed)
+        self.divergence_distance = float(divergence_distance)
         try:
             self.solver = LinearSolver(solver)
         except ValueError:
@@ -347,7 +374,7 @@ class Simulator:
                 dv = tree.solve_(hess)
             else:
                 chol, _ = torch.linalg.cholesky_ex(hess)
-                dv = torch.cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
+                dv = cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
             if self._has_contact:
                 du = point_velocities(m, dof_path_sums(m, fr.motion_stack * dv[:, None, :]), offset)
             else:
@@ -413,8 +440,12 @@ class Simulator:
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
         v_w = v.t()
         q_new = m.layout.integrate(q, v_w, h)
-        finite = torch.isfinite(q_new).all(-1) & torch.isfinite(v_w).all(-1)
-        frozen = state.frozen | ~finite
+        # |x| <= bound is False for NaN and inf: one comparison per entry flags every kind of divergence
+        within = (q_new.abs() <= self.divergence_distance).all(-1) & (v_w.abs() <= self.divergence_speed).all(-1)
+        within = within & torch.isfinite(drive.a).all(0) & torch.isfinite(drive.b).all(0)
+        if control.tau_external is not None:
+            within = within & torch.isfinite(control.tau_external).all(-1)
+        frozen = state.frozen | ~within
         newly = frozen & ~state.frozen
         q_out = torch.where(frozen[:, None], q, q_new)
         v_out = torch.where(frozen[:, None], qd, v_w).contiguous()
@@ -431,6 +462,14 @@ class Simulator:
         )
 
     # -- terms --------------------------------------------------------------------------------------------
+    def solver_for(self, num_worlds: int, device: torch.device | str | None = None) -> LinearSolver:
+        """The solver (``DENSE`` or ``TREE``) a step of ``num_worlds`` worlds on ``device`` (default: the
+        model's) uses. A caller whose number of worlds changes (a tracker that drops finished worlds) can
+        build its :class:`Simulator` with this fixed choice, so that each world's result never depends on
+        how many others share its batch."""
+        dev = torch.device(device) if device is not None else self.model.device
+        return LinearSolver.TREE if self._use_tree(int(num_worlds), dev) is not None else LinearSolver.DENSE
+
     def _use_tree(self, w: int, device: torch.device) -> TreePattern | None:
         """The tree pattern when this step solves with it (a choice by shape and device only)."""
         if self.solver is LinearSolver.DENSE or self._tree is None:

@@ -56,7 +56,7 @@ from ..animation.motion import ArticulationMotion
 from ..errors import MotionError, ShapeError
 from .control import Control
 from .dynamics import inverse_dynamics, mass_matrix
-from .integrator import Simulator
+from .integrator import Simulator, cholesky_solve
 from .kinematics import link_jacobians, link_transforms
 from .model import Model, State
 
@@ -71,6 +71,10 @@ __all__ = [
 ]
 
 GRAVITY = 9.81
+
+#: ``TrackingSettings.batch_invariant`` pads the tracked batch to a multiple of this many worlds: twice the
+#: widest CPU SIMD vector in float32 (AVX-512), so no world falls into a kernel's scalar remainder loop.
+_BATCH_MULTIPLE = 32
 
 
 class FeedForward(str, enum.Enum):
@@ -120,6 +124,17 @@ class TrackingSettings:
             of its horizontal force, vertical force (default 0: the body is never held up) and torque.
         clamp_effort: clamp drive efforts at the model's effort limits (default: unclamped, and the
             effort over the limit is reported instead).
+        early_stop: stop simulating a clip whose tracker has fallen (mean body error over
+            ``fall_body_error`` m, or the root below ``fall_root_height_ratio`` of the reference root's
+            height: the verdict's fall rule) and give its world to the next clip.
+        batch_invariant: pad the batch to a multiple of 32 worlds (copies, discarded) so that each clip's
+            result is bit-identical whichever clips share its batch and wherever it sits in it (one torch
+            thread; see :func:`track`); costs about 20% of a step at one world, nothing from 32 on.
+        fall_body_error, fall_root_height_ratio: the fall rule of ``early_stop`` (``validate`` sets them
+            from its :class:`~kangengine.sim.ValidationThresholds`).
+        divergence_speed: m/s and rad/s, a generalized speed above which the simulation of a clip has
+            diverged (stopped and reported ``diverged``); divergence_distance: m (rad), the same for a
+            coordinate's distance from 0.
         chunk_frames: reference frames processed together during setup.
     """
 
@@ -145,12 +160,22 @@ class TrackingSettings:
     root_assist_vertical_scale: float = 0.0
     root_assist_rotation_scale: float = 1.0
     clamp_effort: bool = False
+    early_stop: bool = True
+    batch_invariant: bool = True
+    fall_body_error: float = 0.5
+    fall_root_height_ratio: float = 0.5
+    divergence_speed: float = 1000.0
+    divergence_distance: float = 10000.0
     chunk_frames: int = 256
 
     def __post_init__(self):
         if not (self.dt > 0 and math.isfinite(self.dt)):
             raise ShapeError(f"dt is {self.dt}; expected a positive number of seconds", item="TrackingSettings.dt")
         object.__setattr__(self, "feedforward", FeedForward(self.feedforward))
+        for name in ("divergence_speed", "divergence_distance", "fall_body_error"):
+            v = getattr(self, name)
+            if not (v > 0):
+                raise ShapeError(f"{name} is {v}; expected a number > 0", item=f"TrackingSettings.{name}")
         for name in ("drive_frequency_hz", "root_assist_frequency_hz", "smoothing_s", "balance_gain"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
@@ -245,7 +270,14 @@ class TrackingResult:
         reference_root_height: ``[W, K]`` m, height of the reference root origin.
         feedforward_ratio_by_dof: ``[W, D]`` 95th percentile over each clip's frames of
             ``|feed-forward| / effort limit`` per non-root DOF.
-        nonfinite: ``[W]`` bool, worlds whose state became non-finite (frozen).
+        simulated: ``[W, K]`` bool, frames the simulation reached (False after the clip's stop: a fall with
+            ``early_stop`` or a divergence; the state then stays at the last simulated one).
+        stop_step: ``[W]`` int64, last simulated step of each clip.
+        fell_step: ``[W]`` int64, step at which the tracker was found fallen and stopped (-1: it did not,
+            or ``early_stop`` is off).
+        diverged: ``[W]`` bool, the simulation diverged (non-finite or absurd state, non-finite input)
+            after ``stop_step``; the world was stopped there.
+        step_count: ``[W]`` int64, simulator steps spent on each clip (its share of the cost).
         timings: seconds spent in ``setup``, ``simulation`` and ``metrics``.
     """
 
@@ -284,12 +316,21 @@ class TrackingResult:
     assist_torque: np.ndarray
     reference_root_height: np.ndarray
     feedforward_ratio_by_dof: np.ndarray
-    nonfinite: np.ndarray
+    simulated: np.ndarray
+    stop_step: np.ndarray
+    fell_step: np.ndarray
+    diverged: np.ndarray
+    step_count: np.ndarray
     timings: dict = field(default_factory=dict)
 
     @property
     def num_clips(self) -> int:
         return len(self.clip_names)
+
+    @property
+    def nonfinite(self) -> np.ndarray:
+        """``[W]`` bool, the former name of :attr:`diverged`."""
+        return self.diverged
 
     @property
     def weight(self) -> float:
@@ -683,8 +724,17 @@ def track(
     settings: TrackingSettings = TrackingSettings(),
     names: Sequence[str] | None = None,
     reference: TrackingReference | None = None,
+    num_worlds: int | None = None,
 ) -> TrackingResult:
     """Simulate every clip in its own world, tracking it, and measure per-frame metrics.
+
+    Worlds are slots: ``num_worlds`` of them step together and each takes the next waiting clip (in the
+    order given) when its clip ends, its tracker falls (``settings.early_stop``: the fall rule of
+    :class:`~kangengine.sim.ValidationThresholds` with the settings' ``fall_body_error`` and
+    ``fall_root_height_ratio``) or its simulation diverges (a non-finite state or input, a speed above
+    ``divergence_speed``, a coordinate beyond ``divergence_distance``). A slot with no clip left to take
+    is dropped from the batch, so a fallen or finished clip costs no more steps. Each world's result
+    does not depend on which clips share its batch: the linear solver is fixed for the whole run.
 
     Args:
         model: the simulator :class:`~kangengine.sim.Model` (its device and dtype are used; its own drive
@@ -694,8 +744,10 @@ def track(
         settings: :class:`TrackingSettings`.
         names: clip names for the result (default ``clip_0``, ...).
         reference: a :func:`prepare_reference` result for these motions and settings (computed when omitted).
+        num_worlds: worlds simulated together (default: one per clip, all at once).
     Returns:
-        :class:`TrackingResult`.
+        :class:`TrackingResult`; ``simulated``, ``stop_step``, ``fell_step``, ``diverged`` and
+        ``step_count`` say what was simulated of each clip.
     Raises:
         LayoutMismatch, MotionError: see :func:`prepare_reference`.
     """
@@ -707,100 +759,253 @@ def track(
     names = tuple(names) if names is not None else tuple(f"clip_{i}" for i in range(len(motions)))
     if len(names) != len(motions):
         raise ShapeError(f"{len(names)} names for {len(motions)} clips", item="names")
+    if num_worlds is not None and not int(num_worlds) >= 1:
+        raise ShapeError(f"num_worlds is {num_worlds}; expected at least 1", item="num_worlds")
     t0 = time.perf_counter()
     ref = reference if reference is not None else prepare_reference(model, motions, settings)
-    dev, dt_ = model.device, model.dtype
     w = ref.num_clips
-    counts = ref.clip_step_count
-    steps = int(counts.max())
-    free = model.layout.free_root
-    j0 = _first_joint_dof(model)
+    slots = w if num_worlds is None else min(int(num_worlds), w)
     sim_model = (
         model
         if settings.clamp_effort
         else replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
     )
-    sim = Simulator(sim_model, dt=settings.dt, iterations=settings.iterations, check_inputs=False)
-    kp, kd = drive_gains(model, settings)
-    kp_w, kd_w = kp.expand(w, -1).contiguous(), kd.expand(w, -1).contiguous()
-
-    k_all = torch.arange(steps, device=dev)
-    last = counts - 1
-    cur_idx = ref.clip_step_start[None, :] + torch.minimum(k_all[:, None], last[None, :])  # [K, W]
-    nxt_idx = ref.clip_step_start[None, :] + torch.minimum(k_all[:, None] + 1, last[None, :])
-    state = State.from_q(model, ref.q[cur_idx[0]], ref.qd[cur_idx[0]])
-
-    balance = free and settings.balance and settings.balance_gain > 0 and model.num_contact_points > 0
-    cbodies = ref.contact_bodies
-    bc = int(cbodies.shape[0])
-    body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
-    body_slot[cbodies] = torch.arange(bc, device=dev)
-    point_slot = body_slot[model.contact_point_body]
-    effort = model.dof_effort_limit
-
-    # per-step buffers (no host transfer inside the loop)
-    q_log = torch.empty(steps, w, model.nq, dtype=dt_, device=dev)
-    q_log[0] = state.q
-    effort_log = torch.zeros(steps, w, dtype=dt_, device=dev)
-    assist_log = torch.zeros(steps, w, 2, dtype=dt_, device=dev)
-    cforce_log = torch.zeros(steps, w, bc, dtype=dt_, device=dev)
-    skate_log = torch.zeros(steps, w, dtype=dt_, device=dev)
-    pen_log = torch.zeros(steps, w, dtype=dt_, device=dev)
-    prev_normal = torch.zeros(w, model.num_contact_points, dtype=dt_, device=dev)
-    prev_pos = None
+    sim = Simulator(
+        sim_model,
+        dt=settings.dt,
+        iterations=settings.iterations,
+        check_inputs=False,
+        divergence_speed=settings.divergence_speed,
+        divergence_distance=settings.divergence_distance,
+    )
+    sim.solver = sim.solver_for(slots)  # fixed: a world's result must not depend on the batch's size
+    logs = _Logs.zeros(model, ref)
     t_setup = time.perf_counter() - t0
     t1 = time.perf_counter()
-    for k in range(steps - 1):
-        ci, ni = cur_idx[k], nxt_idx[k]
-        tau = ref.feedforward[ci]
-        q_tgt, qd_tgt = ref.q[ni], ref.qd[ni]
-        if balance:
-            q_tgt, qd_tgt = _stance_correction(model, state.q, state.qd, q_tgt, qd_tgt, prev_normal, settings, j0)
-        ctrl = Control(
-            q_target=q_tgt,
-            qd_target=qd_tgt,
-            tau_feedforward=tau,
-            drive_stiffness=kp_w,
-            drive_damping=kd_w,
-        )
-        out = sim.step(state, ctrl)
-        state = out.state
-        q_log[k + 1] = state.q
-        drive = out.drive_force
-        effort_log[k + 1] = (drive[:, j0:].abs() / effort[j0:]).amax(-1) if model.nv > j0 else 0.0
-        if free:
-            assist_log[k + 1, :, 0] = torch.linalg.vector_norm(drive[:, :3], dim=-1)
-            assist_log[k + 1, :, 1] = torch.linalg.vector_norm(drive[:, 3:6], dim=-1)
-        if model.num_contact_points:
-            normal = out.contact_normal_force
-            cf = torch.zeros(w, bc, dtype=dt_, device=dev)
-            cforce_log[k + 1] = cf.index_add_(1, point_slot, normal)
-            pen_log[k + 1] = out.contact_depth.amax(-1).clamp(min=0.0)
-            pos = out.contact_position
-            if prev_pos is not None:
-                sp = torch.linalg.vector_norm(pos[..., :2] - prev_pos[..., :2], dim=-1) / settings.dt
-                skate_log[k] = torch.where(normal > 1.0, sp, torch.zeros_like(sp)).amax(-1)
-            prev_pos = pos
-            prev_normal = normal
-    nonfinite = state.frozen
+    _simulate(model, ref, settings, sim, logs, slots)
     t_sim = time.perf_counter() - t1
     t2 = time.perf_counter()
-    result = _metrics(
-        model, ref, names, settings, q_log, effort_log, assist_log, cforce_log, skate_log, pen_log, nonfinite, cur_idx
-    )
+    result = _metrics(model, ref, names, settings, logs)
     timings = {"setup": t_setup, "simulation": t_sim, "metrics": time.perf_counter() - t2}
     return replace(result, timings=timings)
 
 
-def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
+@dataclass(eq=False)
+class _Logs:
+    """Per-step records of every clip, ``[K, W, ...]`` (step of the clip, clip), written by :func:`_simulate`."""
+
+    q: torch.Tensor  # [K, W, nq]
+    effort: torch.Tensor  # [K, W]
+    assist: torch.Tensor  # [K, W, 2]
+    contact_force: torch.Tensor  # [K, W, Bc]
+    skating: torch.Tensor  # [K, W]
+    penetration: torch.Tensor  # [K, W]
+    stop_step: torch.Tensor  # [W] last simulated step
+    fell_step: torch.Tensor  # [W] -1: no fall detected
+    diverged: torch.Tensor  # [W] bool
+    step_count: torch.Tensor  # [W] simulator steps spent on the clip
+
+    @classmethod
+    def zeros(cls, model: Model, ref: TrackingReference) -> _Logs:
+        dev, dt_ = model.device, model.dtype
+        w, k = ref.num_clips, int(ref.clip_step_count.max())
+        bc = int(ref.contact_bodies.shape[0])
+        z = lambda *s: torch.zeros(*s, dtype=dt_, device=dev)  # noqa: E731
+        zi = lambda: torch.zeros(w, dtype=torch.int64, device=dev)  # noqa: E731
+        q = z(k, w, model.nq)
+        q[0] = ref.q[ref.clip_step_start]
+        return cls(
+            q=q,
+            effort=z(k, w),
+            assist=z(k, w, 2),
+            contact_force=z(k, w, bc),
+            skating=z(k, w),
+            penetration=z(k, w),
+            stop_step=zi(),
+            fell_step=zi() - 1,
+            diverged=torch.zeros(w, dtype=torch.bool, device=dev),
+            step_count=zi(),
+        )
+
+
+@dataclass(eq=False)
+class _Slots:
+    """The worlds stepping now (``S`` rows): which clip each runs, at which of its steps, and what a step
+    carries over to the next (contact forces and points of the last step)."""
+
+    clip: torch.Tensor  # [S] int64
+    k: torch.Tensor  # [S] int64, step of the clip the state is at
+    state: State
+    prev_normal: torch.Tensor  # [S, C]
+    prev_pos: torch.Tensor  # [S, C, 3]
+
+    @classmethod
+    def start(cls, model: Model, ref: TrackingReference, clips: torch.Tensor) -> _Slots:
+        rows = ref.clip_step_start[clips]
+        n, c = clips.shape[0], model.num_contact_points
+        return cls(
+            clip=clips,
+            k=torch.zeros_like(clips),
+            state=State.from_q(model, ref.q[rows], ref.qd[rows]),
+            prev_normal=torch.zeros(n, c, dtype=model.dtype, device=model.device),
+            prev_pos=torch.zeros(n, c, 3, dtype=model.dtype, device=model.device),
+        )
+
+    def take(self, keep: torch.Tensor) -> _Slots:
+        """The rows ``keep`` ([S'] int64), in that order."""
+        st = self.state
+        return _Slots(
+            clip=self.clip[keep],
+            k=self.k[keep],
+            state=State(q=st.q[keep], qd=st.qd[keep], frozen=st.frozen[keep]),
+            prev_normal=self.prev_normal[keep],
+            prev_pos=self.prev_pos[keep],
+        )
+
+    @staticmethod
+    def cat(a: _Slots, b: _Slots) -> _Slots:
+        sa, sb = a.state, b.state
+        state = State(
+            q=torch.cat([sa.q, sb.q]), qd=torch.cat([sa.qd, sb.qd]), frozen=torch.cat([sa.frozen, sb.frozen])
+        )
+        return _Slots(
+            clip=torch.cat([a.clip, b.clip]),
+            k=torch.cat([a.k, b.k]),
+            state=state,
+            prev_normal=torch.cat([a.prev_normal, b.prev_normal]),
+            prev_pos=torch.cat([a.prev_pos, b.prev_pos]),
+        )
+
+
+def _fallen(model: Model, ref: TrackingReference, settings: TrackingSettings, pos: torch.Tensor, rows: torch.Tensor):
+    """``[S]`` bool: the fall rule of the verdict at the current states (link origins ``pos [S, B, 3]``)
+    against reference rows ``rows``: mean body error over ``fall_body_error``, or the root below
+    ``fall_root_height_ratio`` of the reference root's height above the ground."""
+    ref_pos = ref.body_pos[rows]
+    err = torch.linalg.vector_norm(pos - ref_pos, dim=-1).mean(-1)
+    ground = model.contact.ground_height
+    low = (pos[:, 0, 2] - ground) < settings.fall_root_height_ratio * (ref_pos[:, 0, 2] - ground)
+    return (err > settings.fall_body_error) | low
+
+
+def _pad_index(n: int, multiple: int, device) -> torch.Tensor:
+    """``[P]`` rows ``0 .. n-1`` then copies of row 0, ``P`` the next multiple of ``multiple``."""
+    idx = torch.arange(-(-n // multiple) * multiple, device=device)
+    return torch.where(idx < n, idx, torch.zeros_like(idx))
+
+
+def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
+    """Step the clips of ``ref`` through ``slots`` worlds, writing ``logs`` (see :func:`track`).
+
+    Per step, one reference row per world is gathered by index and the logs are written by index: no
+    Python loop over worlds. A world that finished, fell or diverged is replaced by the next waiting clip
+    or dropped; that bookkeeping reads one boolean per step from the device.
+
+    With ``settings.batch_invariant`` the batch is padded to a multiple of :data:`_BATCH_MULTIPLE` worlds
+    (copies of the first, discarded): torch's CPU kernels run the last ``W mod 2 x SIMD width`` entries of a
+    row through a scalar loop whose rounding differs in the last bit, so without padding a world's result
+    depends on how many worlds share its batch (and chaos makes that bit visible in the report)."""
+    dev = model.device
+    free = model.layout.free_root
+    j0 = _first_joint_dof(model)
+    balance = free and settings.balance and settings.balance_gain > 0 and model.num_contact_points > 0
+    counts, starts = ref.clip_step_count, ref.clip_step_start
+    kp, kd = drive_gains(model, settings)
+    bc = int(ref.contact_bodies.shape[0])
+    body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
+    body_slot[ref.contact_bodies] = torch.arange(bc, device=dev)
+    point_slot = body_slot[model.contact_point_body]
+    effort = model.dof_effort_limit
+    w = ref.num_clips
+    multiple = _BATCH_MULTIPLE if settings.batch_invariant else 1
+    cur = _Slots.start(model, ref, torch.arange(slots, device=dev))
+    waiting = slots  # next clip to start
+    while cur.clip.numel():
+        n = cur.clip.shape[0]
+        run = cur.take(_pad_index(n, multiple, dev)) if multiple > 1 else cur
+        st = starts[run.clip]
+        ci = st + run.k
+        pos = quat = None
+        if balance or settings.early_stop:
+            pos, quat = link_transforms(model, run.state.q)
+        # -- which worlds stop before this step ------------------------------------------------------------
+        diverged = cur.state.frozen
+        ended = cur.k >= counts[cur.clip] - 1
+        fell = torch.zeros_like(ended)
+        if settings.early_stop:
+            fell = _fallen(model, ref, settings, pos[:n], ci[:n]) & ~diverged
+        stop = diverged | ended | fell
+        if bool(stop.any()):
+            done = torch.nonzero(stop)[:, 0]
+            clips = cur.clip[done]
+            # a diverged world's state at k is its frozen state at k - 1: simulated up to k - 1
+            logs.stop_step[clips] = cur.k[done] - diverged[done].to(torch.int64)
+            logs.diverged[clips] = diverged[done]
+            logs.fell_step[clips] = torch.where(fell[done], cur.k[done], -1)
+            new = torch.arange(waiting, min(waiting + done.numel(), w), device=dev)
+            waiting += int(new.numel())
+            cur = cur.take(torch.nonzero(~stop)[:, 0])
+            if new.numel():
+                cur = _Slots.cat(cur, _Slots.start(model, ref, new))
+            continue
+        ni = st + torch.minimum(run.k + 1, counts[run.clip] - 1)
+        state = run.state
+        q_tgt, qd_tgt = ref.q[ni], ref.qd[ni]
+        if balance:
+            q_tgt, qd_tgt = _stance_correction(
+                model, state.q, state.qd, q_tgt, qd_tgt, run.prev_normal, settings, j0, pos, quat
+            )
+        m = run.clip.shape[0]
+        ctrl = Control(
+            q_target=q_tgt,
+            qd_target=qd_tgt,
+            tau_feedforward=ref.feedforward[ci],
+            drive_stiffness=kp.expand(m, -1),
+            drive_damping=kd.expand(m, -1),
+        )
+        out = sim.step(state, ctrl)
+        k1 = cur.k + 1
+        at = (k1, cur.clip)
+        new_state = State(q=out.state.q[:n], qd=out.state.qd[:n], frozen=out.state.frozen[:n])
+        logs.q.index_put_(at, new_state.q)
+        logs.step_count.index_add_(0, cur.clip, torch.ones_like(cur.clip))
+        drive = out.drive_force[:n]
+        if model.nv > j0:
+            logs.effort.index_put_(at, (drive[:, j0:].abs() / effort[j0:]).amax(-1))
+        if free:
+            assist = torch.stack(
+                [torch.linalg.vector_norm(drive[:, :3], dim=-1), torch.linalg.vector_norm(drive[:, 3:6], dim=-1)], -1
+            )
+            logs.assist.index_put_(at, assist)
+        prev_normal, prev_pos = cur.prev_normal, cur.prev_pos
+        if model.num_contact_points:
+            normal = out.contact_normal_force[:n]
+            cf = torch.zeros(n, bc, dtype=model.dtype, device=dev).index_add_(1, point_slot, normal)
+            logs.contact_force.index_put_(at, cf)
+            logs.penetration.index_put_(at, out.contact_depth[:n].amax(-1).clamp(min=0.0))
+            pos_c = out.contact_position[:n]
+            # speed between the contact points of the last two states (none at a clip's first step)
+            sp = torch.linalg.vector_norm(pos_c[..., :2] - prev_pos[..., :2], dim=-1) / settings.dt
+            skate = torch.where(normal > 1.0, sp, torch.zeros_like(sp)).amax(-1)
+            skate = torch.where(cur.k > 0, skate, torch.zeros_like(skate))
+            logs.skating.index_put_((cur.k, cur.clip), skate)
+            prev_normal, prev_pos = normal, pos_c
+        cur = _Slots(clip=cur.clip, k=k1, state=new_state, prev_normal=prev_normal, prev_pos=prev_pos)
+    # frames after a stop keep the last simulated state
+    k_all = torch.arange(logs.q.shape[0], device=dev)
+    hold = torch.minimum(k_all[:, None], logs.stop_step.clamp(min=0)[None, :])
+    logs.q = logs.q[hold, torch.arange(w, device=dev)[None, :]]
+
+
+def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0, pos, quat):
     """Shift the joint targets so that, with the loaded contact points held where they are, the root
     would sit at the reference: ``J_p,joints dq = -J_p,root e`` (damped least squares over the contact
-    points, rows weighted by each point's normal force; a line of points leaves rolling about it free)."""
+    points, rows weighted by each point's normal force; a line of points leaves rolling about it free).
+    ``pos, quat``: the links of ``q`` (:func:`~kangengine.sim.link_transforms`)."""
     w = q.shape[0]
     e = _root_error(q_ref, q)
     de = qd_ref[:, :6] - qd[:, :6]
     share = normal / normal.sum(-1, keepdim=True).clamp(min=1e-6)  # [W, C]
-    pos, quat = link_transforms(model, q)
     pts = _contact_points(model, pos, quat)
     pb = model.contact_point_body
     lever = pts - pos[:, pb]  # [W, C, 3] from each point's link origin
@@ -826,7 +1031,7 @@ def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
     )
     rhs = -torch.einsum("wbiu,wbik->wuk", jj, target)
     chol, _ = torch.linalg.cholesky_ex(h)  # no error check: no host-device synchronisation
-    sol = torch.cholesky_solve(rhs, chol)
+    sol = cholesky_solve(rhs, chol)  # the same result at any batch index
     gain = settings.balance_gain
     dq = torch.zeros(w, model.nv, dtype=q.dtype, device=q.device)
     dq[:, j0:] = gain * sol[..., 0]
@@ -835,14 +1040,16 @@ def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0):
     return model.layout.integrate(q_ref, dq), qd_ref + dqd
 
 
-def _metrics(
-    model, ref, names, settings, q_log, effort_log, assist_log, cforce_log, skate_log, pen_log, nonfinite, cur_idx
-) -> TrackingResult:
+def _metrics(model, ref, names, settings, logs: _Logs) -> TrackingResult:
     dev, dt_ = model.device, model.dtype
+    q_log, effort_log, assist_log, cforce_log = logs.q, logs.effort, logs.assist, logs.contact_force
+    skate_log, pen_log = logs.skating, logs.penetration
     steps, w, _ = q_log.shape
     counts = ref.clip_step_count
-    valid = torch.arange(steps, device=dev)[:, None] < counts[None, :]  # [K, W]
-    idx = cur_idx  # reference row of each (step, world)
+    k_all = torch.arange(steps, device=dev)
+    valid = k_all[:, None] < counts[None, :]  # [K, W]
+    simulated = valid & (k_all[:, None] <= logs.stop_step[None, :])
+    idx = ref.clip_step_start[None, :] + torch.minimum(k_all[:, None], counts[None, :] - 1)  # reference rows
     nb = model.num_bodies
     j0 = _first_joint_dof(model)
     body_err = torch.zeros(steps, w, nb, dtype=dt_, device=dev)
@@ -931,5 +1138,9 @@ def _metrics(
         assist_torque=out(assist_log[..., 1]),
         reference_root_height=out(root_h),
         feedforward_ratio_by_dof=ff_dof.cpu().numpy(),
-        nonfinite=nonfinite.cpu().numpy(),
+        simulated=simulated.transpose(0, 1).cpu().numpy(),
+        stop_step=logs.stop_step.cpu().numpy(),
+        fell_step=logs.fell_step.cpu().numpy(),
+        diverged=logs.diverged.cpu().numpy(),
+        step_count=logs.step_count.cpu().numpy(),
     )

@@ -223,7 +223,7 @@ class ClipEvidence:
         impossible_first_step: first step with an unsupported wrench, or ``None``.
         body_error_peak_step: step of the largest mean body error.
         free_root: the model has a floating base (a fixed base hangs from the world).
-        nonfinite: the world was frozen after a non-finite state.
+        nonfinite: the simulation diverged and was stopped (``TrackingResult.diverged``).
         root_assist_hz: the root assistance frequency used (0: none).
     """
 
@@ -276,7 +276,15 @@ def clip_metrics(
     sl = slice(0, n)
     t = np.arange(n) * dt
     m: dict = {"frames": motion.num_frames, "fps": motion.fps(), "duration_s": motion.duration, "steps": n, "dt_s": dt}
-    # -- tracking --------------------------------------------------------------------------------------
+    # -- tracking: over the simulated frames only (up to a fall with early stop, or a divergence) ----------
+    ns = min(int(result.stop_step[i]) + 1, n)
+    diverged = bool(result.diverged[i])
+    m["simulated_fraction"] = ns / n
+    m["simulated_until_s"] = float(t[ns - 1])
+    m["simulator_steps"] = int(result.step_count[i])
+    m["diverged"] = diverged
+    m["diverged_at_s"] = float(ns * dt) if diverged else None
+    sl = slice(0, ns)
     bem = result.body_error_mean[i, sl]
     m["body_error_mean_m"] = float(bem.mean())
     m["body_error_p95_m"] = float(np.quantile(bem, 0.95))
@@ -287,20 +295,20 @@ def clip_metrics(
     m["body_error_by_body_m"] = {b: float(x) for b, x in zip(result.body_names, per_body)}
     dof_rms = np.sqrt((result.dof_error[i, sl] ** 2).mean(0))
     m["dof_error_rms"] = {d: float(x) for d, x in zip(result.dof_names, dof_rms)}
-    m["root_drift_final_m"] = float(result.root_horizontal_error[i, n - 1])
+    m["root_drift_final_m"] = float(result.root_horizontal_error[i, ns - 1])
     m["root_drift_max_m"] = float(result.root_horizontal_error[i, sl].max())
     m["root_height_error_mean_m"] = float(result.root_height_error[i, sl].mean())
-    m["heading_drift_final_rad"] = float(result.heading_error[i, n - 1])
+    m["heading_drift_final_rad"] = float(result.heading_error[i, ns - 1])
     m["heading_drift_max_rad"] = float(np.abs(result.heading_error[i, sl]).max())
     ref_root_h = result.reference_root_height[i, sl]
     sim_root_h = ref_root_h + result.root_height_error[i, sl]
     fell = (bem > th.fall_body_error) | (sim_root_h < th.fall_root_height_ratio * ref_root_h)
     fell_step = int(np.argmax(fell)) if fell.any() else None
     m["fell_at_s"] = None if fell_step is None else float(t[fell_step])
-    m["simulation_failed"] = bool(result.nonfinite[i])
-    _limit_and_effort_metrics(m, result, i, sl, th)
-    impossible = _reference_physics_metrics(m, result, i, sl, th)
-    airborne_run, airborne_start = _contact_metrics(m, result, i, sl, th, n)
+    m["simulation_failed"] = diverged
+    _limit_and_effort_metrics(m, result, i, slice(0, n), sl, th)
+    impossible = _reference_physics_metrics(m, result, i, slice(0, n), th)
+    airborne_run, airborne_start = _contact_metrics(m, result, i, slice(0, n), sl, th, n)
     spd = _reference_speeds(model, motion)
     m["root_speed_max_mps"] = spd["root_speed"]
     m["root_angular_speed_max_radps"] = spd["root_angular_speed"]
@@ -324,17 +332,21 @@ def clip_metrics(
         impossible_first_step=int(np.argmax(impossible)) if impossible.any() else None,
         body_error_peak_step=int(np.argmax(bem)),
         free_root=model.layout.free_root,
-        nonfinite=bool(result.nonfinite[i]),
+        nonfinite=diverged,
         root_assist_hz=float(result.settings.root_assist_frequency_hz),
     )
 
 
-def _limit_and_effort_metrics(m: dict, result: TrackingResult, i: int, sl: slice, th: ValidationThresholds) -> None:
+def _limit_and_effort_metrics(
+    m: dict, result: TrackingResult, i: int, sl: slice, sim: slice, th: ValidationThresholds
+) -> None:
+    """Joint limits and efforts: of the reference over the clip (``sl``), of the simulation over its
+    simulated frames (``sim``)."""
     rl = result.reference_limit_violation[i, sl]
     m["reference_limit_violation_max"] = float(rl.max())
     m["reference_limit_violation_fraction"] = float((rl > 1e-6).mean())
-    m["sim_limit_violation_max"] = float(result.sim_limit_violation[i, sl].max())
-    er, fr = result.effort_ratio[i, sl], result.feedforward_ratio[i, sl]
+    m["sim_limit_violation_max"] = float(result.sim_limit_violation[i, sim].max())
+    er, fr = result.effort_ratio[i, sim], result.feedforward_ratio[i, sl]
     m["effort_ratio_median"] = float(np.median(er))
     m["effort_ratio_p95"] = float(np.quantile(er, 0.95))
     m["effort_over_limit_fraction"] = float((er > 1.0).mean())
@@ -367,10 +379,10 @@ def _reference_physics_metrics(
 
 
 def _contact_metrics(
-    m: dict, result: TrackingResult, i: int, sl: slice, th: ValidationThresholds, n: int
+    m: dict, result: TrackingResult, i: int, sl: slice, sim: slice, th: ValidationThresholds, n: int
 ) -> tuple[int, int]:
-    """Flight, skating and penetration of the reference and the simulation; returns the longest flight
-    ``(steps, first step)``."""
+    """Flight, skating and penetration of the reference (over ``sl``) and the simulation (over its
+    simulated frames ``sim``); returns the longest flight ``(steps, first step)``."""
     dt = result.dt
     height = result.reference_contact_height[i, sl]  # [n, Bc]
     speed = result.reference_contact_speed[i, sl]
@@ -387,8 +399,8 @@ def _contact_metrics(
     m["support_speed_median_mps"] = float(np.median(support[has_contact])) if has_contact.any() else None
     m["skating_fraction"] = float(skating.sum() / max(int(has_contact.sum()), 1))
     m["reference_penetration_max_m"] = float(max(-lowest.min(), 0.0)) if height.shape[1] else 0.0
-    m["sim_penetration_max_m"] = float(result.sim_penetration[i, sl].max())
-    ss = result.sim_skating_speed[i, sl]
+    m["sim_penetration_max_m"] = float(result.sim_penetration[i, sim].max())
+    ss = result.sim_skating_speed[i, sim]
     m["sim_skating_speed_median_mps"] = float(np.median(ss))
     m["sim_skating_speed_p95_mps"] = float(np.quantile(ss, 0.95))
     return run, start
@@ -397,11 +409,18 @@ def _contact_metrics(
 # -- rules: each returns the reasons it finds (none, one or more) ---------------------------------------------
 
 
-def rule_simulation_failed(e: ClipEvidence) -> list[Reason]:
-    """``simulation_failed`` (reject): the world became non-finite and was frozen."""
+def rule_diverged(e: ClipEvidence) -> list[Reason]:
+    """``diverged`` (reject): the simulation of the clip diverged (a non-finite state or input, a speed or a
+    coordinate past the tracker's bounds) and was stopped; the tracking metrics cover the frames before."""
     if not e.nonfinite:
         return []
-    return [_reason("simulation_failed", "reject", "the simulation became non-finite and the world was frozen", 1, 0)]
+    m = e.metrics
+    s = e.metrics["diverged_at_s"]
+    msg = (
+        f"the simulation diverged at {s:.2f} s (a non-finite or absurd state, or a non-finite input) and was "
+        f"stopped; the tracking numbers cover the {m['simulated_fraction']:.0%} of the clip before"
+    )
+    return [_reason("diverged", "reject", msg, s, 0)]
 
 
 def rule_root_discontinuity(e: ClipEvidence) -> list[Reason]:
@@ -486,6 +505,8 @@ def rule_fell(e: ClipEvidence) -> list[Reason]:
         f"the tracker fell at {e.at(e.fell_step)} (body error over {th.fall_body_error:g} m or root below "
         f"{th.fall_root_height_ratio:g} of the reference height)"
     )
+    if e.metrics["simulated_fraction"] < 1.0:
+        msg += f"; simulated up to {e.metrics['simulated_until_s']:.2f} s, the rest of the clip was not"
     return [_reason("fell", "reject", msg, e.fell_step * e.dt, th.fall_body_error)]
 
 
@@ -553,7 +574,7 @@ def rule_root_assistance(e: ClipEvidence) -> list[Reason]:
 
 #: The verdict rules, in the order their reasons are listed (within one severity).
 RULES: tuple[Callable[[ClipEvidence], list[Reason]], ...] = (
-    rule_simulation_failed,
+    rule_diverged,
     rule_root_discontinuity,
     rule_joint_discontinuity,
     rule_floating,
