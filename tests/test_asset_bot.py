@@ -370,6 +370,19 @@ def test_cycle_pivot_meets_its_parent_point_in_the_zero_pose():
     assert desc.contact_exclusions == (("base", "l2"),)
 
 
+def test_cycles_and_contact_exclusions_go_both_ways():
+    d = _arm_dict()
+    d["cycles"] = [{"parentLink": 0, "childLink": 2, "jointFromChildLink": {"translation": [0.05, 0, 0]}}]
+    d["contactOverrides"] = [{"linkA": "base", "linkB": "l2", "enable": False}]
+    desc = bot_to_desc(ke.asset.parse_bot(d))
+    back = bot_from_desc(desc)
+    assert back.cycles == ke.asset.parse_bot(d).cycles and not any("cycle" in n for n in back.notes)
+    assert back.contact_overrides == ke.asset.parse_bot(d).contact_overrides
+    (c,) = desc.cycles
+    moved = dataclasses.replace(desc, cycles=(dataclasses.replace(c, parent_pivot=c.parent_pivot + [0, 0, 0.01]),))
+    assert any("cycle 'cycle_0'" in n and "0.01 m" in n for n in bot_from_desc(moved).notes)
+
+
 # -- every rule has a failing file ---------------------------------------------------------------------------------
 def _set(path, value):
     def f(d):

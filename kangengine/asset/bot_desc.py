@@ -26,6 +26,7 @@ tendons, ball-joint ranges, primitive collision geoms and all but the first mesh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -393,7 +394,7 @@ def bot_from_desc(desc: ArticulationDesc, *, world_joint: str | None = None, nam
         for c in desc.cycles
     )
     root = desc.bodies[0]
-    return BotPrefab(
+    bot = BotPrefab(
         name=name or desc.name,
         joints=tuple(joints),
         links=tuple(links),
@@ -403,6 +404,27 @@ def bot_from_desc(desc: ArticulationDesc, *, world_joint: str | None = None, nam
         source=desc.source,
         notes=tuple(notes),
     )
+    moved = _cycle_mismatches(bot, desc)
+    return dataclasses.replace(bot, notes=(*notes, *moved)) if moved else bot
+
+
+def _cycle_mismatches(bot: BotPrefab, desc: ArticulationDesc) -> list[str]:
+    """A bot cycle ties its pivot to where it lies in the zero pose; say so where the description's
+    ``parent_pivot`` was elsewhere (the loop was not closed in the modelled pose)."""
+    if not desc.cycles:
+        return []
+    pos, rot = bot_link_transforms(bot)
+    out = []
+    for c, bc in zip(desc.cycles, bot.cycles):
+        world = TransformRT(pos[bc.child_link], rot[bc.child_link]).apply(c.pivot)
+        implied = TransformRT(pos[bc.parent_link], rot[bc.parent_link]).inverse().apply(world)
+        gap = float(np.linalg.norm(implied - np.asarray(c.parent_pivot)))
+        if gap > 1e-9:
+            out.append(
+                f"cycle {c.name!r}: the bot holds the pivot where it lies in the zero pose, {gap:.3g} m from the "
+                "description's parent_pivot"
+            )
+    return out
 
 
 def _conversion_notes(desc: ArticulationDesc, notes: list[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -118,6 +119,9 @@ class RootSelection:
     reversed: tuple[bool, ...]
     eccentricity: Mapping[str, int] = field(default_factory=dict)
     loop_joints: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "eccentricity", MappingProxyType(dict(self.eccentricity)))
 
 
 def _adjacency(bodies, joints, path):
