@@ -1,22 +1,27 @@
-"""The ``kangengine`` command.
+"""The ``kangengine`` command: ``info``, ``configs``, ``convert``, ``validate`` and ``merge``.
 
-``kangengine info MODEL [CLIP ...]`` prints, as JSON, what KangEngine reads from an articulation file
-(MJCF ``.xml`` or URDF ``.urdf``: bodies, joints, coordinate layout, signature) and from motion clips.
-``kangengine info --example`` does the same on the shipped example model and clip.
-``kangengine convert MODEL CLIP... --config NAME --out DIR`` retargets and maps clips onto the model, one
-articulation-motion ``.npz`` per clip, resumable, bad clips listed (``--example``: the shipped CMU walk onto
-the shipped CMU humanoid).
-``kangengine validate MODEL CLIP... --out DIR`` tracks every clip in the simulator and writes a per-clip JSON
-report with a verdict, PNG plots and ``summary.csv`` (resumable, bad clips listed).
+``kangengine info MODEL [CLIP ...]`` prints, as JSON, what KangEngine reads from an articulation file and from
+motion clips. ``kangengine configs`` lists the shipped retarget configurations and what each maps.
+``kangengine convert MODEL INPUT... --config NAME --out DIR`` retargets a dataset (files, folders, globs) onto
+the model, one articulation-motion ``.npz`` per clip mirroring the source tree; ``kangengine validate MODEL
+INPUT... --out DIR`` tracks every clip in the simulator and writes a report per clip. Both are dataset
+batches: a ``manifest.jsonl`` that accumulates across runs, resume after any interruption, ``--workers N``
+processes, ``--shard-index I --shard-count N`` for array jobs and ``kangengine merge DIR`` to combine shards.
+
+Exit status: 0 every clip done, 1 a clip failed (with ``--strict`` also: a clip rejected, or converted with
+warnings), 2 bad arguments (one line on stderr, before any work), 130 interrupted (Ctrl-C; what finished is
+kept and a rerun resumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import KangEngineError
 
 __all__ = ["main", "describe_model", "describe_clip"]
@@ -94,6 +99,17 @@ def describe_clip(path) -> dict:
     }
 
 
+class _UsageError(KangEngineError):
+    """Arguments that cannot work together (exit status 2, before any work)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` that reports a bad argument in one line (``kangengine convert: error: ...``), exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _info(args) -> int:
     from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
 
@@ -103,8 +119,7 @@ def _info(args) -> int:
         model = str(data_path(CMU_HUMANOID_MJCF))
         clips = [str(data_path(CMU_WALK_BVH))] + clips
     if model is None:
-        print("kangengine info: give a MODEL file or --example", file=sys.stderr)
-        return 2
+        raise _UsageError("give a MODEL file or --example", item="kangengine info")
     report = {
         "model": describe_model(model, order=args.order, free_root=not args.fixed_root),
         "clips": [describe_clip(c) for c in clips],
@@ -113,128 +128,424 @@ def _info(args) -> int:
     return 0
 
 
-def _convert(args) -> int:
-    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
-    from .pipelines import ConvertOptions, convert_clips
+def describe_config(name: str) -> dict:
+    """What a retarget configuration maps: name, description, the number of joints (or bodies) mapped and the
+    map itself (source -> target), and the default target model, if any.
 
-    model, clips, config = args.model, list(args.clips), args.config
-    if args.example:
-        model, clips = str(data_path(CMU_HUMANOID_MJCF)), [str(data_path(CMU_WALK_BVH))] + clips
-        config = config or "cmu_bvh_to_cmu_humanoid"
-    if model is None or not clips or config is None:
-        print("kangengine convert: give MODEL, CLIP... and --config, or --example", file=sys.stderr)
-        return 2
-    options = ConvertOptions(
-        config=config, free_root=not args.fixed_root, clamp_to_limits=args.clamp, fps=args.fps, order=args.order
-    )
-    report = convert_clips(clips, model, options=options, out_dir=args.out, overwrite=args.overwrite, jobs=args.jobs)
-    counts = report.to_dict()["counts"]
-    print(
-        json.dumps(
-            {
-                "summary": report.summary_path,
-                "counts": counts,
-                "failed": [{"clip": o.source, "error": o.error} for o in report.failed],
-            },
-            indent=2,
-        )
-    )
-    return 1 if report.failed else 0
+    Skeleton-to-skeleton configurations are read with ``ke.retarget.load_retarget_config``; a shipped file of
+    another kind (a human-to-robot configuration with a ``bodies`` list) is described from its JSON.
+    """
+    from .retarget import list_retarget_configs, load_retarget_config
+
+    try:
+        cfg = load_retarget_config(name)
+    except KangEngineError:
+        path = Path(__file__).parent / "retarget" / "configs" / f"{name}.json"
+        if name not in list_retarget_configs() or not path.is_file():
+            raise
+        d = json.loads(path.read_text(encoding="utf-8"))
+        mapping = {str(b.get("source")): str(b.get("robot")) for b in d.get("bodies", []) if isinstance(b, dict)}
+        target = d.get("target_model") or d.get("target_asset")
+        return {
+            "name": d.get("name", name),
+            "description": str(d.get("description", "")),
+            "maps": "bodies",
+            "mapped": len(mapping),
+            "mapping": mapping,
+            "target": None if target is None else Path(target).name,
+        }
+    return {
+        "name": cfg.name or name,
+        "description": cfg.description,
+        "maps": "joints",
+        "mapped": len(cfg.joint_mapping),
+        "mapping": dict(cfg.joint_mapping),
+        "target": None if cfg.target_asset is None else Path(cfg.target_asset).name,
+    }
 
 
-def _validate(args) -> int:
-    import warnings
+def _configs(args) -> int:
+    import textwrap
 
-    import torch
+    from .retarget import list_retarget_configs
 
-    from .animation import ArticulationCoordinateLayout, ArticulationMotionMapper
-    from .asset import load
-    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
-    from .pipelines import clip_names, load_for_validation, validate
-    from .sim import Model, TrackingSettings
-
-    model_path, clips, config = args.model, list(args.clips), args.config
-    if args.example:
-        model_path, clips = str(data_path(CMU_HUMANOID_MJCF)), [str(data_path(CMU_WALK_BVH))] + clips
-        config = config or "cmu_bvh_to_cmu_humanoid"
-    if model_path is None or not clips:
-        print("kangengine validate: give MODEL and CLIP... (or --example)", file=sys.stderr)
-        return 2
-    desc = load(model_path, order=args.order)
-    layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=not args.fixed_root)
-    dtype = torch.float64 if args.float64 else torch.float32
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = Model.from_desc(desc, layout, device=args.device, dtype=dtype)
-    mapper = ArticulationMotionMapper(layout)
-    motions, skipped = {}, {}
-    for c, name in zip(clips, clip_names(clips)):
-        try:
-            motions[name] = load_for_validation(Path(c), layout, desc, config, mapper)
-        except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
-            skipped[name] = f"{c}: {type(exc).__name__}: {exc}"
-    settings = TrackingSettings(dt=args.dt, root_assist_frequency_hz=args.root_assist_hz)
-    result = validate(
-        model,
-        motions,
-        out_dir=args.out,
-        settings=settings,
-        plots=not args.no_plots,
-        resume=not args.overwrite,
-        batch_size=args.batch_size,
-        skipped=skipped,
-    )
-    clips_out = [{"clip": r.name, "verdict": r.verdict.value, "reasons": list(r.reason_codes)} for r in result.reports]
-    skipped_out = [{"clip": s.name, "error": s.error} for s in result.skipped]
-    report = {"summary": result.summary_path, "counts": result.counts(), "clips": clips_out, "skipped": skipped_out}
-    print(json.dumps(report, indent=2))
+    names = args.names or list(list_retarget_configs())
+    found = [describe_config(n) for n in names]
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    for c in found:
+        target = f", default target {c['target']}" if c["target"] else ""
+        print(f"{c['name']}: maps {c['mapped']} {c['maps']}{target}")
+        print(textwrap.fill(c["description"], width=100, initial_indent="    ", subsequent_indent="    "))
+        pairs = ", ".join(f"{a} -> {b}" for a, b in c["mapping"].items())
+        print(textwrap.fill(pairs, width=100, initial_indent="    maps: ", subsequent_indent="          "))
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kangengine", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="describe an articulation file and motion clips")
+# -- convert and validate ------------------------------------------------------------------------------------
+
+
+def _load_options(args) -> dict:
+    if args.scale is not None and args.units is not None:
+        raise _UsageError("give --scale or --units, not both", item="--units")
+    return {
+        k: v
+        for k, v in {
+            "scale": args.scale,
+            "units": args.units,
+            "up_axis": args.up_axis,
+            "model_dir": args.smpl_model_dir,
+        }.items()
+        if v is not None
+    }
+
+
+def _inputs(args, command: str):
+    from .data import CMU_HUMANOID_MJCF, CMU_WALK_BVH, data_path
+
+    model, clips = args.model, list(args.inputs)
+    if args.example:
+        if model is not None:
+            clips = [model] + clips
+        model, clips = str(data_path(CMU_HUMANOID_MJCF)), [str(data_path(CMU_WALK_BVH))] + clips
+        args.config = args.config or "cmu_bvh_to_cmu_humanoid"
+    if model is None or not clips:
+        raise _UsageError("give MODEL and INPUT... (clip files, folders, globs), or --example", item=command)
+    if (args.shard_index is None) != (args.shard_count is None):
+        raise _UsageError("give --shard-index and --shard-count together", item="--shard-index")
+    if args.shard_count is not None and not (args.shard_count >= 1 and 0 <= args.shard_index < args.shard_count):
+        raise _UsageError(f"shard {args.shard_index} of {args.shard_count}; expected 0 <= I < N", item="--shard-index")
+    return model, clips
+
+
+def _progress(args, label):
+    if args.quiet:
+        return None
+
+    def show(done: int, total: int, item) -> None:
+        print(f"[{done}/{total}] {label(item)}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _convert_label(o) -> str:
+    if o.status == "failed":
+        return f"failed      {o.name}: {o.error}"
+    if o.status == "up_to_date":
+        return f"up to date  {o.name}"
+    note = f", {len(o.warnings)} warning(s)" if o.warnings else ""
+    return f"converted   {o.name} ({o.frames} frames, {o.seconds:.1f} s{note})"
+
+
+def _batch_common(args) -> dict:
+    return {
+        "overwrite": args.overwrite,
+        "workers": args.workers,
+        "threads": args.threads,
+        "shard_index": args.shard_index,
+        "shard_count": args.shard_count,
+        "retry_failed": args.retry_failed,
+    }
+
+
+def _convert(args) -> int:
+    from .pipelines import ConvertOptions, convert_clips
+
+    model, clips = _inputs(args, "kangengine convert")
+    if args.config is None:
+        raise _UsageError("give --config NAME (see kangengine configs)", item="kangengine convert")
+    _check_config(args.config)
+    options = ConvertOptions(
+        config=args.config, free_root=not args.fixed_root, clamp_to_limits=args.clamp, fps=args.fps, order=args.order
+    )
+    report = convert_clips(
+        clips,
+        model,
+        options=options,
+        out_dir=args.out,
+        load_options=_load_options(args),
+        progress=_progress(args, _convert_label),
+        **_batch_common(args),
+    )
+    counts = report.to_dict()["counts"]
+    warned = [o for o in report.outcomes if o.warnings]
+    summary = {
+        "summary": report.summary_path,
+        "manifest": report.manifest_path,
+        "counts": counts,
+        "failed": [{"clip": o.source, "error": o.error} for o in report.failed],
+        "warnings": [{"clip": o.name, "warnings": list(o.warnings)} for o in warned],
+    }
+    print(json.dumps(summary, indent=2))
+    return 1 if report.failed or (args.strict and warned) else 0
+
+
+def _check_config(name: str) -> None:
+    from .retarget import load_retarget_config
+
+    try:
+        load_retarget_config(name)
+    except KangEngineError as exc:
+        raise _UsageError(str(exc), item="--config") from None
+
+
+def _settings_file(path: str) -> dict:
+    """``{"tracking": {...}, "thresholds": {...}}`` from a TOML or JSON file, every key checked."""
+    import tomllib
+
+    from .sim import TrackingSettings, ValidationThresholds
+
+    p = Path(path)
+    if not p.is_file():
+        raise _UsageError("no such settings file", path=p)
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(p.read_text(encoding="utf-8"))
+        else:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _UsageError(f"not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} ({exc})", path=p) from None
+    sections = {"tracking": TrackingSettings, "thresholds": ValidationThresholds}
+    if not isinstance(data, dict) or set(data) - set(sections):
+        extra = sorted(set(data) - set(sections)) if isinstance(data, dict) else type(data).__name__
+        raise _UsageError(f"unknown sections {extra}; expected [tracking] and/or [thresholds]", path=p)
+    for section, cls in sections.items():
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data.get(section, {})) - set(valid))
+        if unknown:
+            raise _UsageError(
+                f"unknown keys {unknown}; {cls.__name__} has: {', '.join(valid)}", path=p, item=f"[{section}]"
+            )
+    return {k: dict(data.get(k, {})) for k in sections}
+
+
+def _build(cls, values: dict, path, section: str):
+    try:
+        return cls(**values)
+    except KangEngineError as exc:
+        raise _UsageError(str(exc), path=path, item=f"[{section}]") from None
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"bad value ({exc})", path=path, item=f"[{section}]") from None
+
+
+def _validation_settings(args):
+    from .sim import TrackingSettings, ValidationThresholds
+
+    file = _settings_file(args.settings) if args.settings else {"tracking": {}, "thresholds": {}}
+    flags = {
+        "dt": args.dt,
+        "root_assist_frequency_hz": args.root_assist_hz,
+        "drive_frequency_hz": args.drive_hz,
+        "iterations": args.iterations,
+    }
+    tracking = {**file["tracking"], **{k: v for k, v in flags.items() if v is not None}}
+    where = args.settings or "the command line"
+    return (
+        _build(TrackingSettings, tracking, where, "tracking"),
+        _build(ValidationThresholds, file["thresholds"], where, "thresholds"),
+    )
+
+
+def _validate_label(e: dict) -> str:
+    if e["status"] == "failed":
+        return f"failed      {e['clip']}: {e.get('error')}"
+    state = "up to date " if e.get("up_to_date") else "validated  "
+    reasons = f" ({', '.join(e['reasons'])})" if e.get("reasons") else ""
+    return f"{state} {e['clip']}: {e['verdict']}{reasons}"
+
+
+def _validate(args) -> int:
+    from .pipelines import ValidationOptions, validate_clips
+
+    model, clips = _inputs(args, "kangengine validate")
+    if args.config is not None:
+        _check_config(args.config)
+    settings, thresholds = _validation_settings(args)
+    options = ValidationOptions(
+        config=args.config,
+        order=args.order,
+        free_root=not args.fixed_root,
+        dtype="float64" if args.float64 else "float32",
+        device=args.device,
+        plots=not args.no_plots,
+        clamp_to_limits=args.clamp,
+        fps=args.fps,
+        batch_size=args.batch_size,
+    )
+    report = validate_clips(
+        clips,
+        model,
+        out_dir=args.out,
+        options=options,
+        settings=settings,
+        thresholds=thresholds,
+        load_options=_load_options(args),
+        progress=_progress(args, _validate_label),
+        **_batch_common(args),
+    )
+    done = [e for e in report.entries if e["status"] == "done"]
+    counts = {v: sum(e["verdict"] == v for e in done) for v in ("ok", "warn", "reject")}
+    counts["skipped"] = len(report.failed)
+    summary = {
+        "summary": report.summary_path,
+        "manifest": report.manifest_path,
+        "counts": counts,
+        "clips": [{"clip": e["name"], "verdict": e["verdict"], "reasons": e.get("reasons", [])} for e in done],
+        "skipped": [{"clip": e["name"], "error": e.get("error")} for e in report.failed],
+    }
+    print(json.dumps(summary, indent=2))
+    return 1 if report.failed or (args.strict and report.rejected) else 0
+
+
+def _merge(args) -> int:
+    from .pipelines import merge_manifests
+
+    if not Path(args.out_dir).is_dir():
+        raise _UsageError("no such folder; expected the --out folder of convert or validate", path=args.out_dir)
+    print(json.dumps(merge_manifests(args.out_dir), indent=2))
+    return 0
+
+
+# -- the parser ----------------------------------------------------------------------------------------------
+
+_EXAMPLES = {
+    "info": """example:
+  kangengine info --example                      # the shipped CMU humanoid and CMU walk
+  kangengine info robot.xml clips/walk.bvh       # bodies, joints, nq/nv, signature; frames, fps of the clip""",
+    "configs": """example:
+  kangengine configs                             # every shipped configuration and what it maps
+  kangengine configs cmu_bvh_to_cmu_humanoid --json""",
+    "convert": """example:
+  kangengine convert --example --out converted   # the shipped CMU walk onto the shipped CMU humanoid
+  kangengine convert humanoid_CMU.xml mocap/ --config cmu_bvh_to_cmu_humanoid --out converted \\
+      --fps 30 --workers 4                       # mocap/a/b.bvh -> converted/a/b.npz, manifest.jsonl
+  kangengine convert humanoid_CMU.xml 'mocap/**/*.bvh' --config cmu_bvh_to_cmu_humanoid --out converted \\
+      --shard-index 0 --shard-count 8            # one SLURM array task; then: kangengine merge converted""",
+    "validate": """example:
+  kangengine validate --example --root-assist-hz 1 --out reports
+  kangengine validate humanoid_CMU.xml converted/ --out reports --settings tracking.toml --strict
+      # tracking.toml: [tracking] root_assist_frequency_hz = 1.0   [thresholds] body_error_ok = 0.06""",
+    "merge": """example:
+  kangengine merge converted                     # after every shard finished: one summary of all shards""",
+}
+
+
+def _add_batch_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
+    p.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
+    p.add_argument("inputs", nargs="*", help="clip files, folders (searched recursively) and globs")
+    p.add_argument("--out", default=default_out, help=f"output folder (default ./{default_out})")
+    p.add_argument("--example", action="store_true", help="the shipped CMU walk and CMU humanoid")
+    p.add_argument("--fps", type=float, default=None, help="resample motion files to this rate first")
+    p.add_argument(
+        "--clamp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="clamp joint values into their limits (default: on, for convert and validate alike)",
+    )
+    p.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
+    p.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
+    p.add_argument("--overwrite", action="store_true", help="redo clips that are done and up to date")
+    p.add_argument("--retry-failed", action="store_true", help="try again clips that failed with the same input")
+    p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    p.add_argument("--jobs", dest="workers", type=_positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--shard-index", type=int, default=None, metavar="I", help="this shard, 0 .. N-1")
+    p.add_argument("--shard-count", type=_positive_int, default=None, metavar="N", help="number of shards")
+    p.add_argument("--strict", action="store_true", help="exit 1 also for rejected clips (convert: warnings)")
+    p.add_argument("--quiet", action="store_true", help="no per-clip progress lines on stderr")
+    g = p.add_argument_group("reader options (passed to the reader of each clip that takes them)")
+    g.add_argument("--scale", type=float, default=None, help="metres per file unit (BVH) or scale factor (FBX)")
+    g.add_argument("--units", choices=["m", "cm", "mm", "in", "cmu"], default=None, help="BVH length unit")
+    g.add_argument("--up-axis", choices=["auto", "y", "z"], default=None, help="the files' up axis (BVH, FBX)")
+    g.add_argument("--smpl-model-dir", default=None, help="folder of the SMPL-family body models (AMASS)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}; expected 1 or more")
+    return value
+
+
+def _subparser(sub, name: str, help_text: str):
+    p = sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=_EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"kangengine {__version__}")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kangengine`` argument parser (every subcommand, its flags and a worked example in its help)."""
+    parser = _Parser(
+        prog="kangengine",
+        description=__doc__.split("\n\n")[1].replace("``", ""),
+        epilog="first steps: kangengine convert --example --out converted  (then: kangengine COMMAND --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kangengine {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = _subparser(sub, "info", "describe an articulation file and motion clips (JSON)")
     info.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
     info.add_argument("clips", nargs="*", help="motion clips (.bvh, .npz, ...)")
     info.add_argument("--example", action="store_true", help="use the shipped example model and clip")
     info.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
     info.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
     info.set_defaults(func=_info)
-    conv = sub.add_parser("convert", help="retarget and map clips onto a robot, one .npz per clip (resumable)")
-    conv.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
-    conv.add_argument("clips", nargs="*", help="motion clips (.bvh, .fbx, AMASS .npz, poselib .npy)")
-    conv.add_argument("--config", help="retarget configuration (e.g. cmu_bvh_to_cmu_humanoid)")
-    conv.add_argument("--out", default="kangengine_output", help="output folder (default ./kangengine_output)")
-    conv.add_argument("--example", action="store_true", help="the shipped CMU walk onto the shipped CMU humanoid")
-    conv.add_argument("--fps", type=float, default=None, help="resample clips to this rate first")
-    conv.add_argument("--clamp", action="store_true", help="clamp joint values into their limits")
-    conv.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
-    conv.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
-    conv.add_argument("--overwrite", action="store_true", help="redo clips whose output is up to date")
-    conv.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    cfg = _subparser(sub, "configs", "list the shipped retarget configurations and what each maps")
+    cfg.add_argument("names", nargs="*", help="configurations to show (default: all shipped)")
+    cfg.add_argument("--json", action="store_true", help="print JSON (with the whole joint map)")
+    cfg.set_defaults(func=_configs)
+    conv = _subparser(sub, "convert", "retarget a dataset onto a robot: one .npz per clip, resumable")
+    _add_batch_arguments(conv, "kangengine_output")
+    conv.add_argument("--config", help="retarget configuration (see kangengine configs)")
     conv.set_defaults(func=_convert)
-    val = sub.add_parser("validate", help="track clips in physics: per-clip JSON report, plots, summary.csv")
-    val.add_argument("model", nargs="?", help="MJCF (.xml) or URDF (.urdf) file")
-    val.add_argument("clips", nargs="*", help="articulation .npz (kangengine convert) or motion files with --config")
-    val.add_argument("--config", help="retarget configuration for motion files (e.g. cmu_bvh_to_cmu_humanoid)")
-    val.add_argument("--out", default="kangengine_validation", help="output folder (default ./kangengine_validation)")
-    val.add_argument("--example", action="store_true", help="the shipped CMU walk on the shipped CMU humanoid")
-    val.add_argument("--dt", type=float, default=1 / 60, help="simulator step in seconds (default 1/60)")
-    val.add_argument("--root-assist-hz", type=float, default=0.0, help="root assistance frequency (default 0: off)")
+    val = _subparser(sub, "validate", "track clips in physics: a verdict and report per clip, resumable")
+    _add_batch_arguments(val, "kangengine_validation")
+    val.add_argument("--config", help="retarget configuration for motion files (articulation .npz need none)")
+    val.add_argument("--settings", metavar="FILE", help="TOML/JSON: [tracking] and [thresholds], any field")
+    val.add_argument("--dt", type=float, default=None, help="simulator step in seconds (default 1/60)")
+    val.add_argument("--root-assist-hz", type=float, default=None, help="root assistance frequency (0: off)")
+    val.add_argument("--drive-hz", type=float, default=None, help="joint drive natural frequency (default 2)")
+    val.add_argument("--iterations", type=_positive_int, default=None, help="Newton iterations per step")
     val.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     val.add_argument("--float64", action="store_true", help="simulate in float64 (default float32)")
-    val.add_argument("--batch-size", type=int, default=64, help="clips simulated together (default 64)")
+    val.add_argument("--batch-size", type=_positive_int, default=64, help="clips simulated together (default 64)")
     val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    val.add_argument("--overwrite", action="store_true", help="redo clips whose report is up to date")
-    val.add_argument("--fixed-root", action="store_true", help="keep the root fixed (no free root block)")
-    val.add_argument("--order", default="DFS", choices=["DFS", "BFS"], help="body order (default DFS)")
     val.set_defaults(func=_validate)
-    args = parser.parse_args(argv)
+    merge = _subparser(sub, "merge", "combine the manifests of shards into the folder's summary")
+    merge.add_argument("out_dir", help="the --out folder the shards wrote into")
+    merge.set_defaults(func=_merge)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the ``kangengine`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    from .pipelines.batch import BatchInterrupted, OutputFolderError
+
+    args = build_parser().parse_args(argv)
+    prog = f"kangengine {args.command}"
     try:
         return args.func(args)
+    except BatchInterrupted as exc:
+        print(f"{prog}: {exc}; run the same command again to resume", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted before any clip finished", file=sys.stderr)
+        return 130
+    except (_UsageError, OutputFolderError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     except KangEngineError as exc:
-        print(f"kangengine: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
 
 

@@ -33,11 +33,17 @@ def test_converts_good_clips_and_lists_bad_ones(clips, tmp_path):
     good, truncated, foreign = clips
     out = tmp_path / "out"
     report = convert_clips([good, truncated, foreign], MODEL, options=OPTS, out_dir=out)
-    assert [o.status for o in report.outcomes] == ["converted", "failed", "failed"]
+    # sorted by the clips' paths relative to their common folder
+    assert [(o.name, o.status) for o in report.outcomes] == [
+        ("arm.bvh", "failed"),
+        ("truncated.bvh", "failed"),
+        ("walk.bvh", "converted"),
+    ]
     assert "truncated.bvh" in report.outcomes[1].error and "FormatError" in report.outcomes[1].error
-    assert "UnknownNameError" in report.outcomes[2].error
+    assert "UnknownNameError" in report.outcomes[0].error
     summary = json.loads((out / "convert_summary.json").read_text())
     assert summary["counts"] == {"converted": 1, "up_to_date": 0, "failed": 2}
+    assert summary["totals"] == {"done": 1, "failed": 2} and len(summary["clips"]) == 3
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(MODEL))
     motion = ke.animation.load_articulation_motion_npz(out / "walk.npz", layout)
     assert motion.num_frames == 343 and motion.fps() == pytest.approx(120, rel=1e-4)
@@ -91,5 +97,7 @@ def test_cli_convert(clips, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["counts"] == {"converted": 1, "up_to_date": 0, "failed": 1}
     assert report["failed"][0]["clip"].endswith("truncated.bvh")
-    assert main(["convert", str(MODEL), str(good), "--config", "no_such_config", "--out", str(tmp_path / "x")]) == 1
-    assert "no_such_config" in capsys.readouterr().err
+    # an unknown configuration is a bad argument: one line, exit 2, nothing written
+    assert main(["convert", str(MODEL), str(good), "--config", "no_such_config", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_config" in err and err.count("\n") == 1 and not (tmp_path / "x").exists()

@@ -294,7 +294,7 @@ def test_cli_validate_writes_reports(model, walk, layout, tmp_path, capsys):
         ]
     )
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0
+    assert rc == 1  # a clip could not be validated (issue 14: exit status 1 when any clip failed)
     assert (
         out["counts"]["skipped"] == 1 and out["skipped"][0]["clip"] == "bad" and "bad.npz" in out["skipped"][0]["error"]
     )

@@ -7,12 +7,17 @@ This is the one layer that may import every other (``io``, ``datasets``, ``retar
 - :mod:`.convert`: :func:`convert_clips` (load -> retarget -> map -> ``.npz`` per clip, resumable).
 - :mod:`.validate`: :func:`validate` (track -> verdict -> report files, fingerprints, resume, summary) and
   :func:`load_for_validation` (an articulation motion from a converted ``.npz`` or any motion file).
+- :mod:`.validate_files`: :func:`validate_clips` (the validate workflow on files: folders, manifest, resume,
+  workers, shards).
+- :mod:`.batch`: what both batches share (:func:`collect_clips`, the manifest, worker processes).
 - :mod:`.plots`: the figures (:func:`write_plot`).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 #: public name -> module of this package that defines it (imported on first use: ``convert`` and ``load``
 #: need no torch, ``validate`` loads the simulator)
@@ -26,6 +31,14 @@ _EXPORTS = {
     "ClipOutcome": "convert",
     "map_clip": "convert",
     "clip_names": "convert",
+    "merge_manifests": "convert",
+    "validate_clips": "validate_files",
+    "ValidationOptions": "validate_files",
+    "ValidationBatchReport": "validate_files",
+    "collect_clips": "batch",
+    "ClipSource": "batch",
+    "OutputFolderError": "batch",
+    "BatchInterrupted": "batch",
     "validate": "validate",
     "load_for_validation": "validate",
     "ValidationResult": "validate",
@@ -47,3 +60,16 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """Importing the submodule ``validate`` binds its name on the package; keep the function there instead
+    (the module stays importable as ``kangengine.pipelines.validate``)."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and name in _EXPORTS and value.__name__ == f"{__name__}.{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

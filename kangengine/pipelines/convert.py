@@ -1,28 +1,29 @@
-"""Dataset preprocessing: many clips onto one robot, resumable, with bad clips skipped and listed.
+"""Dataset preprocessing: many clips onto one robot, resumable, with bad clips listed and the rest done.
 
 :func:`convert_clips` runs, for every clip, ``load_motion`` -> ``retarget`` (a named or given
 configuration) -> ``ArticulationMotionMapper.to_articulation_motion`` and writes one articulation motion
-``.npz`` per clip (atomically). Each output records a fingerprint of its input (the clip's bytes, the
-model's layout signature and the options); a second run skips clips whose output is up to date, redoes
-stale ones, and never stops at a bad clip: the error is kept in the report and the next clip is tried.
-A ``convert_summary.json`` in the output folder lists every clip's outcome.
+``.npz`` per clip (atomically), mirroring the tree of the inputs. Each output records a fingerprint of its
+input (the clip's bytes, the model file's bytes, the retarget configuration's content, the options and the
+KangEngine version); ``manifest.jsonl`` records every finished clip as it finishes, so a second run (after an
+interruption of any kind) skips clips that are done, redoes stale ones, and never stops at a bad clip.
+``convert_summary.json`` in the output folder lists every clip ever converted there.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .._files import atomic_write
-from ..errors import FormatError
+from ..errors import FileMissingError, FormatError
 
 __all__ = [
     "ConvertOptions",
@@ -31,6 +32,8 @@ __all__ = [
     "convert_clips",
     "clip_names",
     "map_clip",
+    "merge_manifests",
+    "write_convert_summary",
     "SUMMARY_NAME",
 ]
 
@@ -66,6 +69,9 @@ class ClipOutcome:
         error: the error message of a failed clip (its type first).
         frames, fps: of the written motion. seconds: wall time spent on the clip.
         residual_mean_rad, residual_max_rad: the mapper's residual angles over frames and bodies.
+        name: the clip's path relative to the batch's root (its name in the manifest).
+        fingerprint: of the clip's input (``None`` when the file could not be read).
+        warnings: the warnings raised while converting it (``"Category: message"``).
     """
 
     source: str
@@ -77,17 +83,27 @@ class ClipOutcome:
     seconds: float = 0.0
     residual_mean_rad: float | None = None
     residual_max_rad: float | None = None
+    name: str = ""
+    fingerprint: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class BatchReport:
-    """Outcomes of :func:`convert_clips` in the order the clips were given."""
+    """Outcomes of one :func:`convert_clips` run, sorted by the clips' relative paths.
+
+    Attributes:
+        outcomes: :class:`ClipOutcome` per clip of this run (this shard's clips when sharded).
+        options, model, model_signature: what the run converted onto.
+        summary_path: ``convert_summary.json``; manifest_path: this run's manifest.
+    """
 
     outcomes: tuple[ClipOutcome, ...]
     options: ConvertOptions
     model: str
     model_signature: str
     summary_path: str | None = None
+    manifest_path: str | None = None
 
     def _status(self, status: str) -> tuple[ClipOutcome, ...]:
         return tuple(o for o in self.outcomes if o.status == status)
@@ -114,19 +130,6 @@ class BatchReport:
         }
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fingerprint(source_sha: str, signature: str, options: ConvertOptions) -> str:
-    text = json.dumps({"source": source_sha, "model": signature, "options": asdict(options)}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
 def clip_names(clips: Sequence[str | os.PathLike]) -> list[str]:
     """One name per clip: its file stem, or ``<stem>-<8 hex of the path>`` for clips that share a stem."""
     stems = [Path(c).stem for c in clips]
@@ -136,19 +139,73 @@ def clip_names(clips: Sequence[str | os.PathLike]) -> list[str]:
     ]
 
 
-def map_clip(path, desc, mapper, config: str, *, clamp_to_limits: bool = False, fps: float | None = None):
+def _reader_options(path: Path, load_options: Mapping | None) -> tuple[dict, list[str]]:
+    """The loader options that apply to ``path``'s reader (chosen from the name as given, never the resolved
+    link target), and a note per option that does not apply."""
+    from .load import MOTION_LOADERS
+
+    opts = {k: v for k, v in (load_options or {}).items() if v is not None}
+    if not opts:
+        return {}, []
+    ext = path.suffix.lower()
+    early = []
+    if "units" in opts:  # a BVH length unit name ("cm", "cmu", ...): load_bvh's scale
+        units = opts.pop("units")
+        if ext == ".bvh":
+            opts.setdefault("scale", units)
+        else:
+            early.append(f"option units={units!r} does not apply to {ext} files: ignored")
+    if ext == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                amass = "format" not in z.files
+        except Exception:  # the reader reports an unreadable file itself
+            amass = True
+        accepted = {"model_dir", "model_type", "gender", "fps"} if amass else set()
+    else:
+        target = MOTION_LOADERS.get(ext)
+        if target is None:
+            return opts, early  # load_motion refuses the extension and names the readers
+        from .load import _resolve
+
+        accepted = set(inspect.signature(_resolve(target)).parameters) - {"path"}
+    kept = {k: v for k, v in opts.items() if k in accepted}
+    notes = [
+        f"option {k}={v!r} does not apply to {ext or 'this'} files: ignored" for k, v in opts.items() if k not in kept
+    ]
+    return kept, notes
+
+
+def map_clip(
+    path,
+    desc,
+    mapper,
+    config: str,
+    *,
+    clamp_to_limits: bool = False,
+    fps: float | None = None,
+    load_options: Mapping | None = None,
+):
     """``load_motion`` -> (optional resample to ``fps``) -> ``retarget_motion(config)`` onto ``desc`` ->
     ``mapper.to_articulation_motion``.
 
+    Args:
+        load_options: reader keyword arguments (``scale``, ``up_axis``, ``model_dir``, ...); those the clip's
+            reader does not take are left out with a :class:`UserWarning`.
     Returns:
         ``(mapping, retarget_result, source_motion)``: the mapper's
         :class:`~kangengine.animation.MappingResult`, the :class:`~kangengine.retarget.RetargetResult`, and
         the clip as read.
     """
+    import warnings
+
     from ..retarget import retarget_motion
     from .load import load_motion
 
-    motion = load_motion(path)
+    kw, notes = _reader_options(Path(path), load_options)
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
+    motion = load_motion(path, **kw)
     if fps is not None:
         motion = motion.resample(fps)
     moved = retarget_motion(motion, config, desc)
@@ -158,16 +215,125 @@ def map_clip(path, desc, mapper, config: str, *, clamp_to_limits: bool = False, 
 _WORKER_CACHE: dict = {}
 
 
-def _setup(model: str, options: ConvertOptions):
-    key = (model, options.order, options.free_root)
+def _setup(model: str, model_sha: str, options: ConvertOptions):
+    key = (model_sha, options.order, options.free_root)
     if key not in _WORKER_CACHE:
         from ..animation import ArticulationCoordinateLayout, ArticulationMotionMapper
         from ..asset import load
 
+        _WORKER_CACHE.clear()  # one model per batch: an edited model file replaces the old one
         desc = load(model, order=options.order)
         layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=options.free_root)
         _WORKER_CACHE[key] = (desc, layout, ArticulationMotionMapper(layout))
     return _WORKER_CACHE[key]
+
+
+def _clip_fingerprint(source_sha: str, job_fingerprint: str) -> str:
+    return hashlib.sha256(f"{source_sha}|{job_fingerprint}".encode()).hexdigest()[:32]
+
+
+def _job_fingerprint(model_sha: str, config: dict, options: ConvertOptions, load_options: Mapping | None) -> str:
+    """What every output depends on besides its clip: the model file's bytes, the retarget configuration's
+    content, the options, the reader options and the KangEngine version."""
+    from .. import __version__
+
+    text = json.dumps(
+        {
+            "model_sha256": model_sha,
+            "config": config,
+            "options": asdict(options),
+            "load_options": {k: v for k, v in sorted((load_options or {}).items()) if v is not None},
+            "kangengine": __version__,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Task:
+    source: str
+    name: str
+    output: str
+    model: str
+    model_sha: str
+    options: ConvertOptions
+    load_options: dict
+    job_fingerprint: str
+    previous_fingerprint: str | None
+    previous_status: str | None
+    overwrite: bool
+    retry_failed: bool
+
+
+def _convert_one(task: _Task) -> ClipOutcome:
+    from ..animation import save_articulation_motion_npz
+    from .batch import file_sha256, recorded_warnings, regular_file_problem
+
+    t0 = time.perf_counter()
+    src, out = Path(task.source), Path(task.output)
+    fingerprint = None
+    try:
+        problem = regular_file_problem(task.source)
+        if problem is not None:
+            raise FormatError(problem, path=src)
+        fingerprint = _clip_fingerprint(file_sha256(src), task.job_fingerprint)
+        if not task.overwrite and fingerprint == task.previous_fingerprint:
+            if task.previous_status == "converted" and out.is_file() and _existing_fingerprint(out) == fingerprint:
+                return ClipOutcome(task.source, task.output, "up_to_date", name=task.name, fingerprint=fingerprint)
+            if task.previous_status == "failed" and not task.retry_failed:
+                return ClipOutcome(task.source, None, "failed_before", name=task.name, fingerprint=fingerprint)
+        desc, layout, mapper = _setup(task.model, task.model_sha, task.options)
+        opts = task.options
+        with recorded_warnings() as caught:
+            mapped, moved, motion = map_clip(
+                src,
+                desc,
+                mapper,
+                opts.config,
+                clamp_to_limits=opts.clamp_to_limits,
+                fps=opts.fps,
+                load_options=task.load_options,
+            )
+        res = np.asarray(mapped.residual_angles, dtype=np.float64)
+        art = mapped.motion
+        art.metadata.update(
+            {
+                "source_file": task.name,  # relative to the batch's root: outputs do not depend on where it lies
+                "source_fps": motion.fps,
+                "fingerprint": fingerprint,
+                "retarget_config": opts.config,
+                "retarget_scale": float(moved.scale),
+                "residual_mean_rad": float(res.mean()),
+                "residual_max_rad": float(res.max()),
+                "clamped_max": float(np.abs(mapped.clamped).max()) if mapped.clamped.size else 0.0,
+            }
+        )
+        save_articulation_motion_npz(out, art, layout=layout)
+        return ClipOutcome(
+            task.source,
+            task.output,
+            "converted",
+            frames=art.num_frames,
+            fps=art.fps(),
+            seconds=time.perf_counter() - t0,
+            residual_mean_rad=float(res.mean()),
+            residual_max_rad=float(res.max()),
+            name=task.name,
+            fingerprint=fingerprint,
+            warnings=tuple(caught),
+        )
+    except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
+        return ClipOutcome(
+            task.source,
+            None,
+            "failed",
+            error=f"{type(exc).__name__}: {exc}",
+            seconds=time.perf_counter() - t0,
+            name=task.name,
+            fingerprint=fingerprint,
+        )
 
 
 def _existing_fingerprint(path: Path) -> str | None:
@@ -178,48 +344,35 @@ def _existing_fingerprint(path: Path) -> str | None:
         return None
 
 
-def _convert_one(source: str, output: str, model: str, options: ConvertOptions, overwrite: bool) -> ClipOutcome:
-    from ..animation import save_articulation_motion_npz
+def _entry(outcome: ClipOutcome, out: Path) -> dict:
+    """The manifest line of a finished clip."""
+    return {
+        "command": "convert",
+        "clip": outcome.name,
+        "source": outcome.source,
+        "status": "done" if outcome.status == "converted" else "failed",
+        "output": None if outcome.output is None else Path(os.path.relpath(outcome.output, out)).as_posix(),
+        "fingerprint": outcome.fingerprint,
+        "error": outcome.error,
+        "warnings": list(outcome.warnings),
+        "frames": outcome.frames,
+        "fps": outcome.fps,
+        "seconds": round(outcome.seconds, 3),
+        "residual_mean_rad": outcome.residual_mean_rad,
+        "residual_max_rad": outcome.residual_max_rad,
+        "time": time.time(),
+    }
 
-    t0 = time.perf_counter()
-    src, out = Path(source), Path(output)
-    try:
-        desc, layout, mapper = _setup(model, options)
-        fingerprint = _fingerprint(_sha256(src), layout.model_signature, options)
-        if not overwrite and out.is_file() and _existing_fingerprint(out) == fingerprint:
-            return ClipOutcome(source, output, "up_to_date", seconds=time.perf_counter() - t0)
-        mapped, moved, motion = map_clip(
-            src, desc, mapper, options.config, clamp_to_limits=options.clamp_to_limits, fps=options.fps
-        )
-        res = np.asarray(mapped.residual_angles, dtype=np.float64)
-        art = mapped.motion
-        art.metadata.update(
-            {
-                "source_file": os.fspath(src),
-                "source_fps": motion.fps,
-                "fingerprint": fingerprint,
-                "retarget_config": options.config,
-                "retarget_scale": float(moved.scale),
-                "residual_mean_rad": float(res.mean()),
-                "residual_max_rad": float(res.max()),
-                "clamped_max": float(np.abs(mapped.clamped).max()) if mapped.clamped.size else 0.0,
-            }
-        )
-        save_articulation_motion_npz(out, art, layout=layout)
-        return ClipOutcome(
-            source,
-            output,
-            "converted",
-            frames=art.num_frames,
-            fps=art.fps(),
-            seconds=time.perf_counter() - t0,
-            residual_mean_rad=float(res.mean()),
-            residual_max_rad=float(res.max()),
-        )
-    except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
-        return ClipOutcome(
-            source, None, "failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0
-        )
+
+def write_convert_summary(path, entries: Mapping[str, dict], *, run: dict | None = None) -> Path:
+    """Write ``convert_summary.json`` (atomically) from manifest entries: every clip ever converted into the
+    folder (latest entry of each), ``totals`` over them (``done``, ``failed``), and, when given, ``run``
+    (this run's model, options and ``counts``)."""
+    clips = [entries[k] for k in sorted(entries)]
+    totals = {"done": sum(e["status"] == "done" for e in clips), "failed": sum(e["status"] == "failed" for e in clips)}
+    body = {"format": "kangengine.convert_summary", **(run or {}), "totals": totals, "clips": clips}
+    text = json.dumps(body, indent=2, sort_keys=True, default=str) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def convert_clips(
@@ -229,45 +382,142 @@ def convert_clips(
     options: ConvertOptions,
     out_dir: str | os.PathLike,
     overwrite: bool = False,
-    jobs: int = 1,
+    workers: int = 1,
+    jobs: int | None = None,
+    threads: int = 1,
+    load_options: Mapping | None = None,
+    shard_index: int | None = None,
+    shard_count: int | None = None,
+    retry_failed: bool = False,
+    progress: Callable[[int, int, ClipOutcome], None] | None = None,
 ) -> BatchReport:
     """Convert motion clips onto an articulation, one ``.npz`` per clip, resumably.
 
     Args:
-        clips: motion files any :func:`kangengine.pipelines.load_motion` reader handles (BVH, FBX, AMASS npz,
-            poselib npy, SkeletonMotion npz).
+        clips: motion files (any :func:`kangengine.pipelines.load_motion` reader: BVH, FBX, AMASS npz,
+            poselib npy, SkeletonMotion npz), folders (searched recursively for those extensions) and globs.
+            A symlink is read by its own name's extension. A file that is not regular (a FIFO, a device) is
+            listed as failed without being opened.
         model: the articulation file (MJCF or URDF) the configuration retargets onto.
         options: :class:`ConvertOptions` (the retarget configuration and mapping options).
-        out_dir: output folder (created); outputs are ``<clip stem>.npz`` plus ``convert_summary.json``.
+        out_dir: output folder (created; checked writable before any work). The tree of the inputs, relative
+            to their common folder, is mirrored: ``walks/02_01.bvh`` -> ``out_dir/walks/02_01.npz``; plus
+            ``manifest.jsonl`` (one line per finished clip, accumulating over runs) and
+            ``convert_summary.json`` (every clip ever done, rewritten after each clip).
         overwrite: redo clips whose output is up to date.
-        jobs: worker processes (1: in this process).
+        workers: worker processes (1: in this process); ``jobs`` is its older name.
+        threads: torch threads per process.
+        load_options: reader keyword arguments (``scale``, ``up_axis``, ``model_dir``, ...), applied to the
+            clips whose reader takes them (a note in the clip's warnings for the others).
+        shard_index, shard_count: convert only shard ``I`` of ``N`` of the sorted clips (``I, I+N, ...``),
+            recorded in ``manifest.shard-I-of-N.jsonl``; :func:`merge_manifests` writes the summary of all.
+        retry_failed: convert again clips whose last attempt with the same fingerprint failed (otherwise
+            they are reported failed again without being read).
+        progress: called in this process after each clip with ``(clips finished, clips due, outcome)``.
     Returns:
-        :class:`BatchReport`; failed clips are listed there and in the summary, never raised.
+        :class:`BatchReport` of this run's clips (sorted by relative path); failed clips are listed there,
+        in the manifest and in the summary, never raised.
     Raises:
-        FormatError: the model cannot be loaded or the configuration does not exist (nothing could be
-            converted), or two clips are the same file.
+        FormatError: the model cannot be loaded or the configuration does not exist (nothing converted).
+        OutputFolderError: ``out_dir`` is a file or not writable.
+        BatchInterrupted: Ctrl-C; the clips finished so far are in the manifest and the summary.
     """
     from ..retarget import load_retarget_config
+    from . import batch
+    from .load import MOTION_LOADERS
 
-    load_retarget_config(options.config)  # fail early on an unknown configuration
-    model = os.fspath(Path(model).resolve())
-    _, layout, _ = _setup(model, options)
-    paths = [Path(c).resolve() for c in clips]
-    if len(set(paths)) != len(paths):
-        raise FormatError("the same clip is listed twice", item="clips")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    targets = [os.fspath(out / f"{n}.npz") for n in clip_names(paths)]
-    args = [(os.fspath(p), t, model, options, overwrite) for p, t in zip(paths, targets)]
-    if jobs <= 1 or len(args) <= 1:
-        outcomes = [_convert_one(*a) for a in args]
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            outcomes = list(pool.map(_convert_one, *zip(*args)))
-    report = BatchReport(tuple(outcomes), options, model, layout.model_signature)
+    workers = int(jobs) if jobs is not None else int(workers)
+    config = load_retarget_config(options.config).to_dict()  # fails early on an unknown configuration
+    model = os.fspath(Path(model).absolute())
+    if not Path(model).is_file():
+        raise FileMissingError("no such model file", path=model)
+    model_sha = batch.file_sha256(model)
+    _, layout, _ = _setup(model, model_sha, options)
+    out = batch.check_out_dir(out_dir)
+    sources = batch.collect_clips(clips, extensions=MOTION_LOADERS)
+    stems = batch.output_stems([c.rel for c in sources])
+    mine = batch.shard_of(list(zip(sources, stems)), shard_index, shard_count)
+    manifest = out / batch.manifest_name(shard_index, shard_count)
     summary = out / SUMMARY_NAME
-    text = json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n"
-    atomic_write(summary, lambda f: f.write(text.encode()))
-    return BatchReport(report.outcomes, options, model, layout.model_signature, os.fspath(summary))
+    targets = [out / f"{stem}.npz" for _, stem in mine]
+    batch.clean_stale_temporaries(out, [*targets, summary])
+    entries = batch.read_manifests(out, command="convert")
+    job_fp = _job_fingerprint(model_sha, config, options, load_options)
+    tasks = []
+    for (src, _), target in zip(mine, targets):
+        prev = entries.get(src.rel, {})
+        prev_status = {"done": "converted", "failed": "failed"}.get(prev.get("status"))
+        tasks.append(
+            (
+                _Task(
+                    src.path,
+                    src.rel,
+                    os.fspath(target),
+                    model,
+                    model_sha,
+                    options,
+                    dict(load_options or {}),
+                    job_fp,
+                    prev.get("fingerprint"),
+                    prev_status,
+                    overwrite,
+                    retry_failed,
+                ),
+            )
+        )
+    outcomes: dict[str, ClipOutcome] = {}
+    run = {"model": model, "model_signature": layout.model_signature, "options": asdict(options)}
+
+    def record(outcome: ClipOutcome) -> None:
+        if outcome.status == "failed_before":
+            outcome = replace(outcome, status="failed", error=entries[outcome.name].get("error"))
+        elif outcome.status != "up_to_date":
+            entry = _entry(outcome, out)
+            batch.append_manifest(manifest, entry)
+            entries[outcome.name] = entry
+        outcomes[outcome.name] = outcome
+        counts = {s: sum(o.status == s for o in outcomes.values()) for s in ("converted", "up_to_date", "failed")}
+        write_convert_summary(summary, entries, run={**run, "counts": counts})
+        if progress is not None:
+            progress(len(outcomes), len(tasks), outcome)
+
+    try:
+        batch.run_tasks(_convert_one, tasks, workers=workers, threads=threads, on_result=record)
+    except KeyboardInterrupt:
+        raise batch.BatchInterrupted(len(outcomes), len(tasks), out) from None
+    if not tasks:
+        write_convert_summary(summary, entries, run={**run, "counts": {"converted": 0, "up_to_date": 0, "failed": 0}})
+    ordered = tuple(outcomes[src.rel] for src, _ in mine)
+    return BatchReport(ordered, options, model, layout.model_signature, os.fspath(summary), os.fspath(manifest))
+
+
+def merge_manifests(out_dir: str | os.PathLike) -> dict:
+    """Combine every manifest of a batch folder (``manifest.jsonl`` and the shards'
+    ``manifest.shard-I-of-N.jsonl``) into its summaries: ``convert_summary.json`` for converted clips and,
+    for validated ones, ``summary.csv`` (:func:`kangengine.pipelines.validate.write_validation_summary`).
+
+    Returns:
+        ``{"convert": {"done": n, "failed": n}, "validate": {...}}`` for the commands found, with the
+        summary paths under ``"summaries"``.
+    Raises:
+        FileMissingError: no manifest in ``out_dir``.
+    """
+    from . import batch
+
+    out = Path(out_dir)
+    if not out.is_dir() or not list(out.glob("manifest*.jsonl")):
+        raise FileMissingError("holds no manifest*.jsonl; expected the --out folder of convert or validate", path=out)
+    result: dict = {"summaries": []}
+    conv = batch.read_manifests(out, command="convert")
+    if conv:
+        result["summaries"].append(os.fspath(write_convert_summary(out / SUMMARY_NAME, conv)))
+        result["convert"] = {s: sum(e["status"] == s for e in conv.values()) for s in ("done", "failed")}
+    val = batch.read_manifests(out, command="validate")
+    if val:
+        from .validate_files import write_validation_summary
+
+        result["summaries"].append(os.fspath(write_validation_summary(out, val)))
+        result["validate"] = {
+            s: sum(e.get("verdict", e["status"]) == s for e in val.values()) for s in ("ok", "warn", "reject", "failed")
+        }
+    return result

@@ -13,13 +13,11 @@ machine paths, so the same input gives byte-identical files.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from ..sim.tracking import TrackingSettings, track
 from ..sim.verdict import Reason, Severity, ValidationThresholds, Verdict, json_clean, summarize, verdict_of
 from .convert import map_clip
 from .plots import write_plot
+from .validate_files import summary_row, write_summary_csv
 
 __all__ = [
     "REPORT_FORMAT",
@@ -227,49 +226,45 @@ def _from_dict(d: dict, report_path: str, plot_path: str | None) -> ClipReport:
     )
 
 
-_CSV_COLUMNS = (
-    ("body_error_mean_m", "body_error_mean_m"),
-    ("body_error_peak_m", "body_error_peak_m"),
-    ("root_drift_final_m", "root_drift_final_m"),
-    ("heading_drift_final_rad", "heading_drift_final_rad"),
-    ("fell_at_s", "fell_at_s"),
-    ("impossible_fraction", "impossible_fraction"),
-    ("skating_fraction", "skating_fraction"),
-    ("longest_airborne_s", "longest_airborne_s"),
-    ("reference_penetration_max_m", "reference_penetration_max_m"),
-    ("feedforward_over_threshold_fraction", "feedforward_over_threshold_fraction"),
-    ("residual_force_max_over_weight", "residual_force_max_over_weight"),
-    ("assist_force_mean_over_weight", "assist_force_mean_over_weight"),
-    ("assist_torque_mean_nm", "assist_torque_mean_nm"),
-)
+def _named_items(motions, names) -> list[tuple[str, object]]:
+    if isinstance(motions, ArticulationMotion):
+        motions = [motions]
+    if isinstance(motions, Mapping):
+        return [(str(k), v) for k, v in motions.items()]
+    motions = list(motions)
+    nm = list(names) if names is not None else [f"clip_{i}" for i in range(len(motions))]
+    if len(nm) != len(motions):
+        raise ShapeError(f"{len(nm)} names for {len(motions)} clips", item="names")
+    return list(zip(nm, motions))
+
+
+def _report_stems(items, report_stems: Mapping[str, str] | None) -> dict[str, str]:
+    """Name -> report file stem; two names with one stem are refused (they would overwrite each other)."""
+    stem_of = {name: (report_stems or {}).get(name) or _file_stem(name) for name, _ in items}
+    seen: dict[str, str] = {}
+    for name, _ in items:
+        stem = stem_of[name]
+        if stem in seen:
+            raise DuplicateNameError(
+                f"clips {seen[stem]!r} and {name!r} would write the same report {stem}.json", item="names"
+            )
+        seen[stem] = name
+    return stem_of
+
+
+def _earlier_report(stem: Path, name: str, input_hash: str, plots: bool) -> ClipReport | None:
+    """The report an earlier run wrote at ``stem`` (.json, .png) for the same clip and input, or ``None``."""
+    old = _read_report(stem.with_name(stem.name + ".json"))
+    png = stem.with_name(stem.name + ".png")
+    if old is None or old.get("input_hash") != input_hash or old.get("clip") != name or (plots and not png.is_file()):
+        return None
+    return _from_dict(old, str(stem.with_name(stem.name + ".json")), str(png) if png.is_file() else None)
 
 
 def _write_summary(path: Path, reports: Sequence[ClipReport], skipped: Sequence[SkippedClip]) -> None:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["clip", "verdict", "reasons", "duration_s"] + [c for c, _ in _CSV_COLUMNS] + ["error"])
-    rows = []
-    for r in reports:
-        vals = [r.metrics.get(k) for _, k in _CSV_COLUMNS]
-        rows.append(
-            [r.name, r.verdict.value, ";".join(r.reason_codes), _fmt(r.metrics.get("duration_s"))]
-            + [_fmt(v) for v in vals]
-            + [""]
-        )
-    for s in skipped:
-        rows.append([s.name, "skipped", "", ""] + [""] * len(_CSV_COLUMNS) + [s.error])
-    for row in sorted(rows, key=lambda x: x[0]):
-        w.writerow(row)
-    data = buf.getvalue().encode()
-    atomic_write(path, lambda f: f.write(data))
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return str(v).lower()
-    return f"{float(v):.6g}"
+    rows = [summary_row(r.name, r.verdict.value, r.reason_codes, r.metrics) for r in reports]
+    rows += [summary_row(s.name, "skipped", (), {}, error=s.error) for s in skipped]
+    write_summary_csv(path, rows)
 
 
 # -- validate -------------------------------------------------------------------------------------------------
@@ -287,6 +282,9 @@ def validate(
     resume: bool = True,
     batch_size: int = 64,
     skipped: Mapping[str, str] | None = None,
+    report_stems: Mapping[str, str] | None = None,
+    summary: bool = True,
+    on_report: Callable[[ClipReport], None] | None = None,
 ) -> ValidationResult:
     """Track every clip in physics and write one report per clip.
 
@@ -302,6 +300,11 @@ def validate(
         batch_size: worlds simulated together; clips are taken longest first, and a world whose clip ends,
             falls or diverges takes the next clip (its report still covers the whole clip).
         skipped: clips that failed before validation (name -> error), listed in the summary.
+        report_stems: name -> file stem relative to ``out_dir``, ``/`` for sub-folders (``walks/02_01`` writes
+            ``walks/02_01.json``); default: the name with characters other than ``A-Za-z0-9._-`` replaced.
+        summary: write ``summary.csv`` (a batch of files writes its own from its manifest).
+        on_report: called with each clip's :class:`ClipReport` once its files are written (resumed ones
+            too).
     Returns:
         :class:`ValidationResult`. Clips that cannot be validated (wrong layout, shorter than one step) are
         listed in ``skipped`` with the error; the others are reported.
@@ -309,24 +312,8 @@ def validate(
     t_start = time.perf_counter()
     settings = settings if settings is not None else TrackingSettings()
     thresholds = thresholds if thresholds is not None else ValidationThresholds()
-    if isinstance(motions, ArticulationMotion):
-        motions = [motions]
-    if isinstance(motions, Mapping):
-        items = [(str(k), v) for k, v in motions.items()]
-    else:
-        motions = list(motions)
-        nm = list(names) if names is not None else [f"clip_{i}" for i in range(len(motions))]
-        if len(nm) != len(motions):
-            raise ShapeError(f"{len(nm)} names for {len(motions)} clips", item="names")
-        items = list(zip(nm, motions))
-    seen: dict[str, str] = {}
-    for name, _ in items:
-        stem = _file_stem(name)
-        if stem in seen:
-            raise DuplicateNameError(
-                f"clips {seen[stem]!r} and {name!r} would write the same report {stem}.json", item="names"
-            )
-        seen[stem] = name
+    items = _named_items(motions, names)
+    stem_of = _report_stems(items, report_stems)
     out = Path(out_dir) if out_dir is not None else None
     model_fp = _model_fingerprint(model)
     skips = [SkippedClip(str(k), str(v)) for k, v in (skipped or {}).items()]
@@ -347,13 +334,12 @@ def validate(
             skips.append(SkippedClip(name, f"{type(exc).__name__}: {exc}"))
             continue
         h = _input_hash(model_fp, motion, settings, thresholds)
-        if resume and out is not None:
-            stem = _file_stem(name)
-            old = _read_report(out / f"{stem}.json")
-            png = out / f"{stem}.png"
-            if old is not None and old.get("input_hash") == h and (not plots or png.is_file()):
-                reports[name] = _from_dict(old, str(out / f"{stem}.json"), str(png) if png.is_file() else None)
-                continue
+        earlier = _earlier_report(out / stem_of[name], name, h, plots) if resume and out is not None else None
+        if earlier is not None:
+            reports[name] = earlier
+            if on_report is not None:
+                on_report(earlier)
+            continue
         todo.append((name, motion, h))
 
     timings = {"setup": 0.0, "simulation": 0.0, "metrics": 0.0, "reports": 0.0, "plots": 0.0}
@@ -396,7 +382,7 @@ def validate(
             )
             simulated += motion.duration
             if out is not None:
-                stem = _file_stem(name)
+                stem = stem_of[name]
                 jpath = out / f"{stem}.json"
                 data = _dumps(_report_dict(rep, model, settings, thresholds))
                 atomic_write(jpath, lambda f, d=data: f.write(d))
@@ -410,25 +396,37 @@ def validate(
             else:
                 timings["reports"] += time.perf_counter() - t0
             reports[name] = rep
-    summary = None
-    if out is not None:
+            if on_report is not None:
+                on_report(rep)
+    summary_path = None
+    if out is not None and summary:
         t0 = time.perf_counter()
-        summary = out / "summary.csv"
+        summary_path = out / "summary.csv"
         ordered = [reports[n] for n, _ in items if n in reports]
-        _write_summary(summary, ordered, skips)
+        _write_summary(summary_path, ordered, skips)
         timings["reports"] += time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     return ValidationResult(
         reports=tuple(reports[n] for n, _ in items if n in reports),
         skipped=tuple(skips),
         out_dir=str(out) if out is not None else None,
-        summary_path=str(summary) if summary is not None else None,
+        summary_path=str(summary_path) if summary_path is not None else None,
         timings=timings,
         simulated_seconds=simulated,
     )
 
 
-def load_for_validation(path, layout, desc, config: str | None, mapper) -> ArticulationMotion:
+def load_for_validation(
+    path,
+    layout,
+    desc,
+    config: str | None,
+    mapper,
+    *,
+    clamp_to_limits: bool = True,
+    fps: float | None = None,
+    load_options: Mapping | None = None,
+) -> ArticulationMotion:
     """An :class:`~kangengine.animation.ArticulationMotion` of ``layout`` from an articulation ``.npz``
     (``kangengine convert``) or, with a retarget configuration, from any motion file (load -> retarget -> map,
     clamped to the joint limits).
@@ -438,6 +436,8 @@ def load_for_validation(path, layout, desc, config: str | None, mapper) -> Artic
         layout, desc: the model's coordinate layout and description; mapper: an
             :class:`~kangengine.animation.ArticulationMotionMapper` of ``layout``.
         config: retarget configuration name or file for motion files (``None``: only ``.npz`` are accepted).
+        clamp_to_limits, fps, load_options: for motion files, as in :func:`kangengine.pipelines.map_clip`
+            (``fps`` resamples before retargeting; an articulation ``.npz`` is used as written).
     Raises:
         FormatError: a motion file without ``config``; whatever the readers raise for a bad file.
     """
@@ -450,4 +450,5 @@ def load_for_validation(path, layout, desc, config: str | None, mapper) -> Artic
         raise FormatError(
             "is not an articulation motion (.npz from `kangengine convert`); give --config to retarget it", path=path
         )
-    return map_clip(path, desc, mapper, config, clamp_to_limits=True)[0].motion
+    mapped = map_clip(path, desc, mapper, config, clamp_to_limits=clamp_to_limits, fps=fps, load_options=load_options)
+    return mapped[0].motion

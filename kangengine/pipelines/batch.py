@@ -1,0 +1,408 @@
+"""Dataset-grade batches shared by ``convert`` and ``validate``: which clips, where their outputs go, what is
+done already, and how the work is spread over processes.
+
+- :func:`collect_clips`: files, folders (recursive) and globs -> sorted :class:`ClipSource` list, each with
+  its path *as found* (a symlink keeps its own name, so ``clip.bvh`` -> an extensionless blob in a Hugging
+  Face cache is read as BVH) and its path relative to the common root of the inputs (mirrored under
+  ``--out``).
+- :func:`check_out_dir`: the output folder exists (or is made) and takes a file, before any work.
+- The manifest (``manifest.jsonl``, or ``manifest.shard-I-of-N.jsonl`` for a shard): one JSON object per line
+  per finished clip (``done`` or ``failed``, with its fingerprint, output, error and warnings), appended with a
+  single ``write`` and an ``fsync`` so a killed run loses at most the clip in progress; runs accumulate.
+  :func:`read_manifests` gives the latest entry of every clip over every manifest of a folder.
+- :func:`run_tasks`: the tasks in this process or in ``workers`` spawned processes that ignore Ctrl-C and
+  leave when their parent dies (they poll its pid); results come back to the parent, which alone writes
+  the manifest and the summary.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KangEngineError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "ClipSource",
+    "OutputFolderError",
+    "BatchInterrupted",
+    "collect_clips",
+    "check_out_dir",
+    "output_stems",
+    "manifest_name",
+    "append_manifest",
+    "read_manifests",
+    "clean_stale_temporaries",
+    "shard_of",
+    "file_sha256",
+    "regular_file_problem",
+    "run_tasks",
+    "recorded_warnings",
+]
+
+MANIFEST_NAME = "manifest.jsonl"
+_MANIFEST_GLOB = "manifest*.jsonl"
+
+
+class OutputFolderError(KangEngineError, OSError):
+    """The output folder is a file, cannot be created, or does not take a new file."""
+
+
+class BatchInterrupted(KangEngineError):
+    """Ctrl-C during a batch: ``done`` clips finished in this run (all in the manifest), ``total`` were due."""
+
+    def __init__(self, done: int, total: int, out_dir):
+        self.done, self.total = done, total
+        super().__init__(
+            f"interrupted: {done} of {total} clips finished in this run, listed in the manifest", path=out_dir
+        )
+
+
+@dataclass(frozen=True)
+class ClipSource:
+    """One input clip of a batch.
+
+    Attributes:
+        path: absolute path as found, not resolved (a symlink keeps its own name and extension).
+        rel: POSIX path relative to the common root of the inputs (``walks/02_01.bvh``); the clip's name in
+            the manifest and the place of its outputs under ``--out``.
+    """
+
+    path: str
+    rel: str
+
+
+def _walk(folder: str, extensions: frozenset[str]) -> Iterable[str]:
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a link back up the tree
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for f in filenames:
+            if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions:
+                yield os.path.join(dirpath, f)
+
+
+def collect_clips(inputs: Sequence[str | os.PathLike], *, extensions: Iterable[str]) -> list[ClipSource]:
+    """Expand files, folders and globs into the batch's clips, sorted by relative path.
+
+    Args:
+        inputs: files (kept whatever their extension, so a bad one is listed as failed), folders (every file
+            below them, links followed, whose extension is in ``extensions``; hidden files skipped) and glob
+            patterns (``**`` recursive; matched folders are walked).
+        extensions: motion extensions, lower case with the dot (``kangengine.pipelines.MOTION_LOADERS``).
+    Returns:
+        :class:`ClipSource` per distinct file; ``rel`` is relative to the common folder of the inputs (a
+        folder itself, a file's parent, a glob's fixed prefix).
+    Raises:
+        FileMissingError: an input that is neither a file, a folder nor a glob matching anything.
+    """
+    from ..errors import FileMissingError
+
+    exts = frozenset(e.lower() for e in extensions)
+    found: list[str] = []
+    roots: list[str] = []
+    for item in map(os.fspath, inputs):
+        if glob.has_magic(item):
+            fixed = item.split("*")[0].split("?")[0].split("[")[0]
+            roots.append(os.path.abspath(fixed if fixed.endswith(os.sep) else os.path.dirname(fixed) or "."))
+            matches = sorted(glob.glob(item, recursive=True))
+            if not matches:
+                raise FileMissingError("matches no file", path=item)
+            for m in matches:
+                if os.path.isdir(m):
+                    found.extend(_walk(m, exts))
+                elif os.path.splitext(m)[1].lower() in exts:
+                    found.append(m)
+        elif os.path.isdir(item):
+            roots.append(os.path.abspath(item))
+            found.extend(_walk(item, exts))
+        elif os.path.lexists(item):
+            roots.append(os.path.dirname(os.path.abspath(item)))
+            found.append(item)
+        else:
+            raise FileMissingError("no such clip, folder or matching glob", path=item)
+    paths = sorted(set(os.path.abspath(p) for p in found))
+    if not paths:
+        return []
+    root = os.path.commonpath(roots + [os.path.dirname(p) for p in paths])
+    return sorted((ClipSource(p, Path(os.path.relpath(p, root)).as_posix()) for p in paths), key=lambda c: c.rel)
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def output_stems(rels: Sequence[str], *, clean: bool = False) -> list[str]:
+    """One output path stem per clip (``rel`` without its extension), unique: clips that would share one
+    (``a.bvh`` and ``a.fbx``; with ``clean``, names that clean to the same file name) get ``-<8 hex of rel>``.
+
+    Args:
+        rels: the clips' relative paths. clean: replace characters other than letters, digits, ``._-`` in
+            each path component by ``_`` (report file names).
+    """
+
+    def stem(rel: str) -> str:
+        parts = rel.rsplit(".", 1)[0].split("/") if "." in rel.rsplit("/", 1)[-1] else rel.split("/")
+        if clean:
+            parts = [_SAFE.sub("_", p).strip("._") or "clip" for p in parts]
+        return "/".join(parts)
+
+    stems = [stem(r) for r in rels]
+    taken = [s.lower() for s in stems]  # case-insensitive file systems
+    return [
+        s if taken.count(s.lower()) == 1 else f"{s}-{hashlib.sha256(r.encode()).hexdigest()[:8]}"
+        for r, s in zip(rels, stems)
+    ]
+
+
+def check_out_dir(out: str | os.PathLike) -> Path:
+    """Make the output folder (with parents) and check that it takes a new file, before any work.
+
+    Raises:
+        OutputFolderError: ``out`` is a file, cannot be created, or refuses a file (read-only, full).
+    """
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise OutputFolderError("is a file; expected an output folder", path=p)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputFolderError(
+            f"cannot be created ({exc.strerror or exc}); expected a writable folder", path=p
+        ) from exc
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kangengine-probe.", suffix=".tmp", dir=p)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputFolderError(f"is not writable ({exc.strerror or exc}); expected a writable folder", path=p) from exc
+    return p
+
+
+def manifest_name(shard_index: int | None = None, shard_count: int | None = None) -> str:
+    """``manifest.jsonl``, or ``manifest.shard-I-of-N.jsonl`` for shard ``I`` of ``N``."""
+    if shard_count is None or shard_count <= 1:
+        return MANIFEST_NAME
+    return f"manifest.shard-{shard_index}-of-{shard_count}.jsonl"
+
+
+def append_manifest(path: str | os.PathLike, entry: dict) -> None:
+    """Append one entry as one line: a single ``write`` to a file opened ``O_APPEND``, then ``fsync``, so the
+    line is either in the file whole or not at all after a kill (readers skip a torn last line anyway)."""
+    line = (json.dumps(entry, sort_keys=True, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifests(out_dir: str | os.PathLike, *, command: str | None = None) -> dict[str, dict]:
+    """The latest entry of every clip over every manifest (``manifest*.jsonl``) of ``out_dir``.
+
+    Lines are taken in file order, manifests in name order; an entry replaces an earlier one of the same
+    clip when its ``time`` is not older. Lines that are not JSON objects with a ``clip`` (a line torn by a
+    kill) are skipped. ``command`` keeps only entries of that command (``"convert"``, ``"validate"``).
+    """
+    latest: dict[str, dict] = {}
+    for path in sorted(Path(out_dir).glob(_MANIFEST_GLOB)):
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for raw in lines:
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(entry, dict) or not isinstance(entry.get("clip"), str):
+                continue
+            if command is not None and entry.get("command") != command:
+                continue
+            old = latest.get(entry["clip"])
+            if old is None or float(entry.get("time", 0)) >= float(old.get("time", 0)):
+                latest[entry["clip"]] = entry
+    return latest
+
+
+_TMP = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}(?:\.[A-Za-z0-9]+)?\.tmp$")
+
+
+def clean_stale_temporaries(out_dir: str | os.PathLike, owned: Iterable[str | os.PathLike]) -> int:
+    """Remove the temporary files a killed run left (``atomic_write``'s ``.<name>.<random>.tmp``) whose final
+    file is one of ``owned`` (this run's outputs, manifest and summary; another shard's live temporaries
+    are left alone). Returns how many were removed."""
+    owned_set = {os.path.abspath(p) for p in owned}
+    removed = 0
+    for dirpath, _, filenames in os.walk(out_dir):
+        for f in filenames:
+            m = _TMP.match(f)
+            if m and os.path.abspath(os.path.join(dirpath, m["name"])) in owned_set:
+                try:
+                    os.unlink(os.path.join(dirpath, f))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
+
+
+def shard_of(items: Sequence, shard_index: int | None, shard_count: int | None) -> list:
+    """Shard ``I`` of ``N`` of a sorted list: items ``I, I + N, I + 2N, ...`` (all of them without shards).
+
+    Raises:
+        KangEngineError: ``I`` not in ``0 .. N-1``.
+    """
+    if shard_count is None or shard_count <= 1:
+        return list(items)
+    if shard_index is None or not 0 <= shard_index < shard_count:
+        raise KangEngineError(
+            f"shard index {shard_index}; expected 0 .. {shard_count - 1} for {shard_count} shards",
+            item="--shard-index",
+        )
+    return list(items[shard_index::shard_count])
+
+
+def regular_file_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as a clip without blocking (a FIFO, a device, a folder, a dangling link),
+    or ``None`` for a regular file. Checked before the file is opened."""
+    try:
+        st = os.stat(path)  # follows links: a link to a regular file is fine
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a folder"
+            if stat.S_ISDIR(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )
+        return f"is {kind}; expected a regular motion file"
+    return None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class recorded_warnings:
+    """Context manager recording the warnings raised inside it as ``"Category: message"`` strings (each
+    once, in order), instead of printing them."""
+
+    def __enter__(self) -> list[str]:
+        self._cm = warnings.catch_warnings(record=True)
+        self._caught = self._cm.__enter__()
+        warnings.simplefilter("always")
+        self.messages: list[str] = []
+        return self.messages
+
+    def __exit__(self, *exc):
+        for w in self._caught:
+            text = f"{w.category.__name__}: {w.message}"
+            if text not in self.messages:
+                self.messages.append(text)
+        return self._cm.__exit__(*exc)
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)  # the parent is gone (killed): leave instead of finishing work nobody will record
+        time.sleep(0.5)
+
+
+def _worker_init(parent: int, threads: int, init: Callable | None, init_args: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    set_threads(threads)
+    if init is not None:
+        init(*init_args)
+
+
+def set_threads(threads: int) -> None:
+    """Torch intra-op threads of this process (only when torch is already loaded or needed later: the
+    environment variable is set too, for a torch imported afterwards)."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def run_tasks(
+    fn: Callable,
+    tasks: Sequence[tuple],
+    *,
+    workers: int = 1,
+    threads: int = 1,
+    initializer: Callable | None = None,
+    initargs: tuple = (),
+    on_result: Callable[[object], None],
+) -> None:
+    """Run ``fn(*task)`` for every task and hand each result to ``on_result`` (in this process, as each task
+    finishes).
+
+    Args:
+        workers: processes (1: in this process, in order). Workers are spawned, ignore SIGINT and exit when
+            this process dies (they poll its pid), so a SIGKILL of the parent leaves no process behind.
+        threads: torch threads per process.
+        initializer, initargs: run once in each worker (and once here when ``workers`` is 1).
+    Raises:
+        KeyboardInterrupt: after the workers were stopped (the results handed over so far are kept).
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        set_threads(threads)
+        if initializer is not None:
+            initializer(*initargs)
+        for t in tasks:
+            on_result(fn(*t))
+        return
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(tasks)),
+        mp_context=mp.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(os.getpid(), threads, initializer, initargs),
+    )
+    try:
+        pending = {pool.submit(fn, *t) for t in tasks}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                on_result(f.result())
+    except BaseException:
+        for p in list(getattr(pool, "_processes", {}).values()):  # do not wait for clips in progress
+            p.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
