@@ -430,6 +430,18 @@ _RULES = [
     ("com_without_inertia", lambda d: _only(d, mass=1.0, centerOfMass=[0, 0, 0]), MassPropertiesError, ["'l1'"]),
     ("shapeless_density", _set(["links", 2, "density"], 800.0), MassPropertiesError, ["'l2'", "no shapeFile"]),
     (
+        "shapeless_negative_mass",
+        lambda d: d["links"][2].update(mass=-1.0, centerOfMass=[0, 0, 0], momentOfInertia=[0] * 6),
+        MassPropertiesError,
+        ["'l2'", "mass -1.0 must be positive"],
+    ),
+    (
+        "zero_rotation",
+        _set(["joints", 2, "parentLinkFromJoint"], {"rotation": [0, 0, 0, 0]}),
+        BotFormatError,
+        ["'j2'", "zero quaternion"],
+    ),
+    (
         "inertia_not_physical",
         _set(["links", 1, "momentOfInertia"], [1.0, 0, 0, 0.1, 0, 0.1]),
         MassPropertiesError,

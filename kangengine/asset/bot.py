@@ -124,7 +124,11 @@ class TransformRT:
 
     def __post_init__(self):
         object.__setattr__(self, "translation", _tuple(self.translation, 3))
-        object.__setattr__(self, "rotation_wxyz", _tuple(self.rotation_wxyz, 4))
+        q = np.array(_tuple(self.rotation_wxyz, 4))
+        n = float(np.linalg.norm(q))
+        if n > 0 and math.isfinite(n):  # a zero or non-finite rotation is kept and refused by the checks
+            q = q / n
+        object.__setattr__(self, "rotation_wxyz", _tuple(q, 4))
 
     @classmethod
     def identity(cls) -> TransformRT:
@@ -545,8 +549,10 @@ def _check_joint(jt: BotJointPrefab, *, path, item) -> None:
                 item=item,
             )
     vals = [*jt.parent_link_from_joint.translation, *jt.parent_link_from_joint.rotation_wxyz]
-    if not all(math.isfinite(v) for v in vals):
-        raise BotFormatError("parentLinkFromJoint is not finite", path=path, item=item)
+    if not all(math.isfinite(v) for v in vals) or not any(jt.parent_link_from_joint.rotation_wxyz):
+        raise BotFormatError(
+            "parentLinkFromJoint is not finite or its rotation is a zero quaternion", path=path, item=item
+        )
     if (jt.min_limit is None) != (jt.max_limit is None) and jt.type not in (BotJointType.FREE, BotJointType.HARD):
         raise BotFormatError("gives one of minLimit/maxLimit; expected both or neither", path=path, item=item)
     if jt.min_limit is not None and jt.max_limit is not None and jt.type not in (BotJointType.FREE, BotJointType.HARD):
@@ -595,9 +601,7 @@ def _check_mass(mp: BotMassProperties, *, has_shape: bool, path, item) -> None:
         and not any(mp.moment_of_inertia)
     )
     if not has_shape:
-        if combo in ("none", "mass+centerOfMass+momentOfInertia") and (zero_triple or combo == "none" or mp.mass > 0):
-            pass
-        else:
+        if combo not in ("none", "mass+centerOfMass+momentOfInertia"):
             raise MassPropertiesError(
                 f"has no shapeFile and gives {combo}; a link without geometry carries no mass properties (or a "
                 "fully explicit mass + centerOfMass + momentOfInertia, or the all-zero triple)",
