@@ -218,8 +218,8 @@ class PhysXMotionAdapter:
     # -- properties -------------------------------------------------------------------------------
     @property
     def dof_names(self) -> tuple[str, ...]:
-        """The DOF names this adapter expects, in its column order (hinge/slide: the joint name; spherical
-        and three-hinge D6: ``{joint}:0``, ``{joint}:1``, ``{joint}:2``)."""
+        """The DOF names this adapter expects, in its column order (hinge/slide: the joint name; spherical:
+        ``{joint}:0``, ``{joint}:1``, ``{joint}:2``; three-hinge D6: ``{body}:0``, ``{body}:1``, ``{body}:2``)."""
         out = []
         for g in self._groups:
             out += _default_dof_names(g)
