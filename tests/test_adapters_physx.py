@@ -377,6 +377,42 @@ def test_g1(tmp_path):
     _check_against_physx(data_file("mjcf/unitree/g1_29dof.nomesh.xml"), tmp_path, frames=2, seed=4, speed=0.5)
 
 
+# A welded body with a moving child, beside a hinge whose name sorts first: PhysX takes the weld (a fixed
+# joint) first, so the weld's child's DOF comes before the hinge's child's, against name order.
+WELD_MJCF = """
+<mujoco model="weld_order">
+  <worldbody>
+    <body name="base" pos="0 0 1">
+      <freejoint name="root"/>
+      <inertial pos="0 0 0" mass="2" diaginertia="0.1 0.1 0.1"/>
+      <body name="arm" pos="0.2 0 0">
+        <joint name="a_shoulder" axis="0 1 0"/>
+        <inertial pos="0.1 0 0" mass="1" diaginertia="0.01 0.01 0.01"/>
+        <body name="forearm" pos="0.2 0 0">
+          <joint name="b_elbow" axis="0 0 1"/>
+          <inertial pos="0.1 0 0" mass="0.5" diaginertia="0.01 0.01 0.01"/>
+        </body>
+      </body>
+      <body name="z_mount" pos="0 0.2 0">
+        <inertial pos="0 0.05 0" mass="0.3" diaginertia="0.01 0.01 0.01"/>
+        <body name="sensor" pos="0 0.1 0">
+          <joint name="c_pan" axis="1 0 0"/>
+          <inertial pos="0 0.05 0" mass="0.2" diaginertia="0.01 0.01 0.01"/>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+def test_welded_link_comes_first_among_siblings(tmp_path):
+    path = tmp_path / "weld.xml"
+    path.write_text(WELD_MJCF)
+    _, adapter, dof_names = _check_against_physx(path, tmp_path, frames=2, seed=9)
+    assert dof_names == ("a_shoulder", "c_pan", "b_elbow")
+
+
 def test_fixed_base_ball_joints(tmp_path):
     _check_against_physx(data_file("mjcf/dm_control/model_with_ball_joints.xml"), tmp_path, frames=3, seed=5)
 
