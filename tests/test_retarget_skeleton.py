@@ -478,3 +478,48 @@ def test_feet_without_collision_geoms_stand_on_their_origins(cmu_bvh, cmu_desc):
     foot_z = pos[:, [no_feet.body_names.index(n) for n in sorted(feet)], 2]
     assert foot_z.min() == pytest.approx(0.0, abs=1e-5)  # the lowest foot origin is on the floor, not under it
     assert set(res.motion.metadata["retarget"]["ground_bodies_without_geoms"]) == feet
+
+
+def _stance_sole_heights(desc, motion):
+    """Per foot: median height of the rearmost (heel) and of the toe sole points over the frames it stands
+    (sole low and slow), from the collision geoms: capsule end spheres and toe spheres (m)."""
+    pos, rot = motion.global_translation.astype(float), motion.global_rotation.astype(float)
+    geoms = rt._usable_geoms(desc)
+    out = {}
+    for side in "lr":
+        fi, ti = desc.body_names.index(side + "foot"), desc.body_names.index(side + "toes")
+        fp, fr = rt._sole_points([g for g in geoms if g.body == fi])
+        tp, tr = rt._sole_points([g for g in geoms if g.body == ti])
+        zf = (pos[:, fi][:, None] + R.quat_rotate(rot[:, fi][:, None], fp))[..., 2] - fr
+        zt = (pos[:, ti][:, None] + R.quat_rotate(rot[:, ti][:, None], tp))[..., 2] - tr
+        v = np.linalg.norm(np.diff(pos[:, fi, :2], axis=0), axis=-1) * motion.fps
+        speed = np.maximum(np.r_[v, v[-1]], np.r_[v[0], v])
+        stance = (np.minimum(zf.min(1), zt.min(1)) < 0.03) & (speed < 0.3)
+        fwd = np.array([float(np.mean(p @ [0, 1, 0])) for p in fp])  # capsule ends: the +y end is the heel
+        heel = zf[:, fwd > fwd.mean()].min(1)
+        out[side] = (float(np.median(heel[stance])), float(np.median(zt.min(1)[stance])))
+    return out
+
+
+def test_level_feet_puts_the_cmu_humanoid_on_its_soles(cmu_bvh, cmu_desc):
+    """Retargeted CMU walks stood on the humanoid's toe spheres with the heels several cm up (a foot pitch
+    the T-poses do not capture); level_feet finds one pitch per foot that levels the sole where it stands."""
+    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid").replace(level_feet=())
+    before = _stance_sole_heights(cmu_desc, rt.retarget_motion(cmu_bvh, cfg, cmu_desc).motion)
+    res = rt.retarget_motion(cmu_bvh, cfg.replace(level_feet=(("lfoot", "ltoes"), ("rfoot", "rtoes"))), cmu_desc)
+    after = _stance_sole_heights(cmu_desc, res.motion)
+    for side in "lr":
+        assert before[side][0] > 0.05  # heel up by more than 5 cm
+        assert after[side][0] < 0.03 and abs(after[side][0] - after[side][1]) < 0.015  # heel down, sole level
+    angles = res.motion.metadata["retarget"]["feet_levelled_deg"]
+    assert set(angles) == {"lfoot", "rfoot"} and all(-40 < a < -20 for a in angles.values())
+    # still on the floor and still representable by the humanoid's joints
+    low, _ = rt._lowest_points(
+        cmu_desc, res.motion.global_translation.astype(float), res.motion.global_rotation.astype(float)
+    )
+    assert low.min() == pytest.approx(0.0, abs=1e-5)
+    mapper = _mapper(cmu_desc)
+    pos, _ = ke.animation.forward_kinematics(mapper.layout, mapper.to_articulation_motion(res.motion).motion.q)
+    assert np.linalg.norm(pos - res.motion.global_translation, axis=-1).mean() < 0.003
+    with pytest.raises(UnknownNameError, match="lfot"):
+        rt.retarget_motion(cmu_bvh[:5], cfg.replace(level_feet=(("lfot", "ltoes"),)), cmu_desc)

@@ -191,6 +191,11 @@ class RetargetConfig:
             about the parent->body bone so the child lands where the source puts it (poselib's
             ``project_joints``, for any hinge axis). Body positions then survive the mapping to joint angles.
         ground_window_s: window (s) of ``GroundFix.ROLLING_MIN``.
+        level_feet: ``((foot, toe), ...)`` target bodies (toe may be ``""``): for an articulation target with
+            collision geoms, each foot gets the one constant pitch about its lateral axis that puts its
+            sole level (heel geoms as low as toe geoms) in the frames where it stands, the T-pose difference a
+            joint map cannot see (the CMU humanoid otherwise stands on its toe spheres, heels 2-4 cm up).
+            The angles are recorded in ``metadata["retarget"]["feet_levelled_deg"]``.
         name: configuration name.
         description: what the configuration expects (source skeleton, target model).
         target_asset: the default target model file, if any: absolute, or relative to the folder of the
@@ -212,6 +217,7 @@ class RetargetConfig:
     trim_frames: tuple[int, int] | None = None
     project_hinges: bool = True
     ground_window_s: float = 1.0
+    level_feet: tuple[tuple[str, str], ...] = ()
     name: str = ""
     description: str = ""
     target_asset: str | None = None
@@ -244,6 +250,13 @@ class RetargetConfig:
         if not (math.isfinite(float(self.ground_window_s)) and float(self.ground_window_s) > 0):
             raise FormatError(f"{self.ground_window_s!r}; expected seconds > 0", item="ground_window_s")
         object.__setattr__(self, "ground_window_s", float(self.ground_window_s))
+        try:
+            feet = tuple((str(f), str(t)) for f, t in self.level_feet)
+        except (TypeError, ValueError):
+            raise FormatError(
+                f'{self.level_feet!r}; expected a list of [foot body, toe body or ""] pairs', item="level_feet"
+            ) from None
+        object.__setattr__(self, "level_feet", feet)
         object.__setattr__(self, "ground_fix", _enum(GroundFix, self.ground_fix, "ground_fix"))
         object.__setattr__(self, "ground_reference", _enum(GroundReference, self.ground_reference, "ground_reference"))
         if self.trim_frames is not None:
@@ -269,6 +282,7 @@ class RetargetConfig:
         "trim_frames",
         "project_hinges",
         "ground_window_s",
+        "level_feet",
         "poselib",
     )
 
@@ -295,6 +309,7 @@ class RetargetConfig:
                 trim_frames=d.get("trim_frames"),
                 project_hinges=bool(d.get("project_hinges", True)),
                 ground_window_s=d.get("ground_window_s", 1.0),
+                level_feet=d.get("level_feet", ()),
                 name=str(d.get("name", "")),
                 description=str(d.get("description", "")),
                 target_asset=d.get("target_asset"),
@@ -382,6 +397,7 @@ class RetargetConfig:
             "trim_frames": None if self.trim_frames is None else list(self.trim_frames),
             "project_hinges": self.project_hinges,
             "ground_window_s": self.ground_window_s,
+            "level_feet": [list(p) for p in self.level_feet],
         }
 
     def replace(self, **changes) -> RetargetConfig:
@@ -501,30 +517,32 @@ def _tpose_of(t: _Target, spec: TPoseSpec) -> SkeletonState:
 # -- ground ---------------------------------------------------------------------------------------------
 
 
-def _lowest_points(desc, body_pos, body_rot) -> tuple[np.ndarray, tuple[str, ...]] | None:
-    """``[frames]`` lowest world z over the collision geoms of ``desc`` and the origins of bodies that carry
-    no usable collision geom (a foot without geometry still touches the ground at its origin), and the names
-    of those bodies; None if the model has no usable geom at all.
+_GEOM_KINDS = ("sphere", "capsule", "cylinder", "box", "ellipsoid")
 
-    Only the third row of each body's world rotation is needed (``z`` of a rotated vector), so the work is
-    one row per body and one ``[G, 3, 3]`` constant per geom, not a quaternion product per geom and frame.
-    """
+
+def _usable_geoms(desc) -> list:
+    """The collision geoms of ``desc`` whose lowest point has a closed form (no meshes, planes)."""
     from ..asset.desc import GeomType
 
-    kinds = (GeomType.SPHERE, GeomType.CAPSULE, GeomType.CYLINDER, GeomType.BOX, GeomType.ELLIPSOID)
-    geoms = [g for g in getattr(desc, "geoms", ()) if g.body >= 0 and g.collides and g.type in kinds]
-    if not geoms:
-        return None
-    gb = np.array([g.body for g in geoms])
+    kinds = tuple(GeomType(k) for k in _GEOM_KINDS)
+    return [g for g in getattr(desc, "geoms", ()) if g.body >= 0 and g.collides and g.type in kinds]
+
+
+def _geom_bottoms(geoms, pos, rot) -> np.ndarray:
+    """``[T, G]`` lowest world z of each geom, given its body's world pose per geom: ``pos [T, G, 3]`` and
+    ``rot [T, G, 4]`` WXYZ (float64).
+
+    Only the third row of each body's world rotation is needed (``z`` of a rotated vector): one row per
+    body and one ``[G, 3, 3]`` constant per geom, no quaternion product per geom and frame.
+    """
     gpos = np.array([g.pos for g in geoms], dtype=np.float64)  # [G, 3] in the body frame
     gmat = R.quat_to_matrix(np.array([g.quat_wxyz for g in geoms], dtype=np.float64))  # [G, 3, 3]
     size = np.array([g.size for g in geoms], dtype=np.float64)  # [G, 3]
-    w, x, y, z = (np.asarray(body_rot[..., k], dtype=np.float64) for k in range(4))  # [T, B]
-    row = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # [T, B, 3]
-    rb = row[:, gb]  # [T, G, 3]
-    centre_z = np.asarray(body_pos[..., 2], dtype=np.float64)[:, gb] + (rb * gpos).sum(-1)
+    w, x, y, z = (rot[..., k] for k in range(4))
+    rb = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # [T, G, 3]
+    centre_z = pos[..., 2] + (rb * gpos).sum(-1)
     rz = rb[..., 0:1] * gmat[:, 0] + rb[..., 1:2] * gmat[:, 1] + rb[..., 2:3] * gmat[:, 2]  # row 2 of world_from_geom
-    kind = np.array([kinds.index(g.type) for g in geoms])
+    kind = np.array([_GEOM_KINDS.index(g.type.value) for g in geoms])
     ext = np.empty_like(centre_z)
     for k in np.unique(kind):  # one vectorised formula per geom type present
         c = np.flatnonzero(kind == k)
@@ -539,11 +557,151 @@ def _lowest_points(desc, body_pos, body_rot) -> tuple[np.ndarray, tuple[str, ...
             ext[:, c] = (np.abs(r) * sz).sum(-1)
         else:  # ellipsoid
             ext[:, c] = np.sqrt(((r * sz) ** 2).sum(-1))
-    low = (centre_z - ext).min(axis=1)
+    return centre_z - ext
+
+
+def _lowest_points(desc, body_pos, body_rot) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """``[frames]`` lowest world z over the collision geoms of ``desc`` and the origins of bodies that carry
+    no usable collision geom (a foot without geometry still touches the ground at its origin), and the names
+    of those bodies; None if the model has no usable geom at all."""
+    geoms = _usable_geoms(desc)
+    if not geoms:
+        return None
+    gb = np.array([g.body for g in geoms])
+    body_pos = np.asarray(body_pos, dtype=np.float64)
+    low = _geom_bottoms(geoms, body_pos[:, gb], np.asarray(body_rot, dtype=np.float64)[:, gb]).min(axis=1)
     bare = sorted(set(range(body_pos.shape[1])) - set(gb.tolist()))
     if bare:
-        low = np.minimum(low, np.asarray(body_pos[:, bare, 2], dtype=np.float64).min(axis=1))
+        low = np.minimum(low, body_pos[:, bare, 2].min(axis=1))
     return low, tuple(desc.bodies[b].name for b in bare)
+
+
+_STANCE_HEIGHT = 0.03  # m above the foot's lowest point over the clip
+_STANCE_SPEED = 0.3  # m/s, horizontal speed of the foot body origin
+
+
+def _sole_points(geoms) -> tuple[np.ndarray, np.ndarray]:
+    """Points whose lowest world z describes where a geom can touch the ground: ``[P, 3]`` in the body
+    frame and ``[P]`` radii (z of the contact = point z - radius): capsule end centres, sphere centres,
+    box bottom corners (any orientation: all 8), other kinds their centre."""
+    from ..asset.desc import GeomType
+
+    pts, rad = [], []
+    for g in geoms:
+        c = np.asarray(g.pos, dtype=np.float64)
+        m = R.quat_to_matrix(np.asarray(g.quat_wxyz, dtype=np.float64))
+        sz = np.asarray(g.size, dtype=np.float64)
+        if g.type is GeomType.CAPSULE:
+            for sign in (-1.0, 1.0):
+                pts.append(c + sign * sz[1] * m[:, 2])
+                rad.append(sz[0])
+        elif g.type is GeomType.BOX:
+            for corner in np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T:
+                pts.append(c + m @ (corner * sz))
+                rad.append(0.0)
+        else:
+            pts.append(c)
+            rad.append(sz[0] if g.type is GeomType.SPHERE else 0.0)
+    return np.array(pts), np.array(rad)
+
+
+@dataclass(frozen=True, eq=False)
+class _FootPose:
+    """A foot (body ``fi``) and its toe (body ``ti`` or None) over a clip, with their sole points."""
+
+    pos: np.ndarray  # [T, n, 3] world body origins
+    rot: np.ndarray  # [T, n, 4] WXYZ world_from_body
+    local: np.ndarray  # [T, n, 4] WXYZ parent_from_body
+    fi: int
+    ti: int | None
+    foot_points: np.ndarray  # [P, 3] in the foot frame
+    toe_points: np.ndarray  # [Q, 3] in the toe frame
+    toe_offset: np.ndarray | None  # [3] toe origin in the foot frame
+
+    def sole(self, frames, axis=None, theta: float = 0.0) -> np.ndarray:
+        """``[F, P + Q, 3]`` world sole points at ``frames``, the foot pitched by ``theta`` about ``axis`` (foot
+        frame; ``None``: as it is)."""
+        gf = self.rot[frames, self.fi]
+        if axis is not None:
+            gf = R.quat_multiply(gf, R.quat_from_axis_angle(axis, theta))
+        origin = self.pos[frames, self.fi]
+        out = [origin[:, None] + R.quat_rotate(gf[:, None], self.foot_points)]
+        if len(self.toe_points):
+            gt = R.quat_multiply(gf, self.local[frames, self.ti])
+            pt = origin + R.quat_rotate(gf, self.toe_offset)
+            out.append(pt[:, None] + R.quat_rotate(gt[:, None], self.toe_points))
+        return np.concatenate(out, axis=1)
+
+
+def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict]:
+    """``local [T, n, 4]`` with each foot's constant sole-levelling pitch applied (see
+    ``RetargetConfig.level_feet``), and ``{foot: degrees}``.
+
+    In the frames where the foot stands (low and slow), the rearmost and the frontmost sole points (of the
+    foot's and the toe's collision geoms, along the foot's walking direction) are brought to the same height
+    by one pitch of the foot about its lateral axis, found by bisection on the median height difference.
+    """
+    motion = SkeletonMotion(tree, root, local, fps, skip_checks=True)
+    pos = np.asarray(motion.global_translation, dtype=np.float64)
+    rot = np.asarray(motion.global_rotation, dtype=np.float64)
+    geoms = _usable_geoms(desc)
+    local = local.copy()
+    angles = {}
+    for foot, toe in pairs:
+        _check_names([foot] + ([toe] if toe else []), tree, "target", None)
+        fi = tree.index(foot)
+        ti = tree.index(toe) if toe else None
+        foot_p, foot_r = _sole_points([g for g in geoms if g.body == fi])
+        toe_p, toe_r = _sole_points([g for g in geoms if ti is not None and g.body == ti])
+        if len(foot_p) == 0:
+            raise FormatError(f"level_feet: foot {foot!r} has no collision geom to level", item="level_feet")
+        toe_t = np.asarray(tree.local_translation[ti], dtype=np.float64) if ti is not None else None
+        radii = np.concatenate([foot_r, toe_r])
+
+        foot_pose = _FootPose(pos, rot, local, fi, ti, foot_p, toe_p, toe_t)
+        every = np.arange(len(pos))
+        z = foot_pose.sole(every)[..., 2] - radii
+        low = z.min(axis=1)
+        speed = np.zeros(len(pos))
+        if len(pos) > 1:
+            v = np.linalg.norm(np.diff(pos[:, fi, :2], axis=0), axis=-1) * fps
+            speed = np.maximum(np.r_[v, v[-1]], np.r_[v[0], v])
+        S = np.flatnonzero((low < low.min() + _STANCE_HEIGHT) & (speed < _STANCE_SPEED))
+        pts = foot_pose.sole(S)
+        span = pts[..., :2] - pts[..., :2].mean(axis=1, keepdims=True)
+        if len(S) < 3 or len(radii) < 2:
+            angles[foot] = 0.0
+            continue
+        # walking direction of the sole: its longest horizontal extent (principal axis), front = toe side
+        _, _, vt = np.linalg.svd(span.reshape(-1, 2), full_matrices=False)
+        forward = np.array([vt[0, 0], vt[0, 1], 0.0])
+        if len(toe_p) and np.mean((pos[S, ti, :2] - pos[S, fi, :2]) @ forward[:2]) < 0:
+            forward = -forward
+        along = np.einsum("fpk,k->fp", pts, forward)
+        rear, front = int(np.argmin(along.mean(0))), int(np.argmax(along.mean(0)))
+        axis = R.quat_rotate_inverse(rot[S, fi], np.cross([0.0, 0.0, 1.0], forward)).mean(axis=0)
+        axis /= np.linalg.norm(axis)
+
+        def tilt(theta, S=S, axis=axis, rear=rear, front=front, foot_pose=foot_pose, radii=radii):
+            p = foot_pose.sole(S, axis, theta)[..., 2] - radii
+            return float(np.median(p[:, rear] - p[:, front]))
+
+        lo, hi = -0.6, 0.6
+        f_lo = tilt(lo)
+        if np.sign(f_lo) == np.sign(tilt(hi)):  # no level pitch within +-34 degrees: leave the foot
+            angles[foot] = 0.0
+            continue
+        for _ in range(40):  # bisection to ~1e-12 rad
+            mid = 0.5 * (lo + hi)
+            f_mid = tilt(mid)
+            if np.sign(f_mid) == np.sign(f_lo):
+                lo, f_lo = mid, f_mid
+            else:
+                hi = mid
+        theta = 0.5 * (lo + hi)
+        local[:, fi] = R.quat_multiply(local[:, fi], R.quat_from_axis_angle(axis, theta))
+        angles[foot] = float(np.degrees(theta))
+    return local, angles
 
 
 # -- articulation-aware steps ------------------------------------------------------------------------------
@@ -933,6 +1091,9 @@ def retarget_motion(
         "source_fps": src.fps,
         "trim_frames": None if config.trim_frames is None else list(config.trim_frames),
     }
+    if config.level_feet and tgt.desc is not None:
+        local, levelled = _level_feet(tgt.desc, tgt.tree, root, local, src.fps, config.level_feet)
+        meta["retarget"]["feet_levelled_deg"] = levelled
     motion = SkeletonMotion(tgt.tree, root, local, src.fps, metadata=meta, skip_checks=True)
     shift = 0.0
     if config.ground_fix is not GroundFix.NONE:
