@@ -652,6 +652,7 @@ _MALICIOUS = {
     "too_many": ([("a.superdex_bot", _BOT)] + [(f"m{i}", "x") for i in range(20)], {"max_members": 10}, "max_members"),
     "two_bots": ([("a.superdex_bot", _BOT), ("b.superdex_bot", _BOT)], {}, "expected one"),
     "no_bot": ([("readme.txt", "x")], {}, "expected one"),
+    "file_and_folder": ([("a.superdex_bot", _BOT), ("x", "1"), ("x/y", "2")], {}, "cannot be written"),
 }
 
 

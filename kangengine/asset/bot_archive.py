@@ -152,11 +152,11 @@ def _extract_all(zf, infos, rels, tmp: Path, path: Path, cap: int) -> None:
             raise ArchiveError(
                 "would be written outside the extraction folder", path=path, item=f"member {info.filename!r}"
             )
-        if info.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(info) as src, open(dest, "xb") as out:
                 for chunk in iter(lambda: src.read(_CHUNK), b""):
                     written += len(chunk)
@@ -170,6 +170,8 @@ def _extract_all(zf, infos, rels, tmp: Path, path: Path, cap: int) -> None:
                     out.write(chunk)
         except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
             raise ArchiveError(f"cannot be decompressed ({exc})", path=path, item=f"member {info.filename!r}") from exc
+        except OSError as exc:  # e.g. a file and a folder of the same name
+            raise ArchiveError(f"cannot be written ({exc})", path=path, item=f"member {info.filename!r}") from exc
 
 
 def _find_bot(folder: Path, path: Path) -> Path:

@@ -2,18 +2,18 @@
 
 **Bot -> desc** (:func:`bot_to_desc`): one body per link, in link order (then ``order``). Link ``i``'s rest
 transform is ``parentLinkFromJoint * parentJointFromLink`` (times ``worldFromRoot`` for the root); its joint
-moves about the joint frame's origin, which in the body frame is ``anchor = -t`` (``t`` the
-translation of ``parentJointFromLink``, whose rotation is identity), with the axis unchanged. Revolute -> HINGE,
-Prismatic -> SLIDE, Spherical -> BALL, Free -> FREE (root only), Hard -> FIXED (a Hard world joint: a fixed
-base). Joint values keep their meaning
-(``ref = 0``). Friction ``viscous`` -> ``damping``, ``coulomb`` -> ``frictionloss``, joint ``inertia`` ->
-``armature``, ``effortLimit`` -> ``effort_limit`` (negative: ``None``). The collision mesh becomes a MESH geom.
-Contact overrides that disable contact become ``contact_exclusions``. A cycle's pivot (child link frame) is
-matched to the point of the parent link where it lies in the bot's zero pose. Mass properties follow the
-schema's five combinations; whatever is not explicit is integrated from the collision mesh
-(:mod:`kangengine.asset.mesh_inertia`: ``.stl``, ``.obj``, ``.off``; other formats are refused with
-:class:`MassPropertiesError`): mass and COM and inertia from the mesh at the density (default 1000 kg/m^3), or
-scaled to the given mass; with explicit COM and inertia and a density, only the mass (density times volume).
+moves about the joint frame's origin, which in the body frame is ``anchor = -t`` (``t`` the translation of
+``parentJointFromLink``, whose rotation is identity), with the axis unchanged. Revolute -> HINGE, Prismatic ->
+SLIDE, Spherical -> BALL, Free -> FREE (root only), Hard -> FIXED (a Hard world joint: a fixed base). Joint
+values keep their meaning (``ref = 0``); Spherical per-DOF limits are not carried (a ball joint's range is a
+cone). Friction ``viscous`` -> ``damping``, ``coulomb`` -> ``frictionloss``, joint ``inertia`` -> ``armature``,
+``effortLimit`` -> ``effort_limit`` (negative: ``None``). The collision mesh becomes a MESH geom. Contact
+overrides that disable contact become ``contact_exclusions``. A cycle's pivot (child link frame) is matched to
+the point of the parent link where it lies in the bot's zero pose. Mass properties follow the schema's five
+combinations; whatever is not explicit is integrated from the collision mesh (:mod:`kangengine.asset.mesh_inertia`:
+``.stl``, ``.obj``, ``.off``; other formats are refused with :class:`MassPropertiesError`): mass and COM and
+inertia from the mesh at the density (default 1000 kg/m^3), or scaled to the given mass; with explicit COM and
+inertia and a density, only the mass (density times volume).
 
 **Desc -> bot** (:func:`bot_from_desc`): a body with ``k`` joints becomes ``k`` links (``k - 1`` shapeless
 frames named ``{joint}_frame`` and the body last), a body without joints one link with a Hard joint (the URDF's
@@ -372,7 +372,7 @@ def bot_from_desc(desc: ArticulationDesc, *, world_joint: str | None = None, nam
             if jd.name in body_names:  # a bot's names are unique across joints and links
                 renamed = names.fresh(f"{jd.name}_joint")
                 notes.append(f"joint {jd.name!r} renamed {renamed!r}: a body has its name")
-                jd = JointDesc(**{**jd.__dict__, "name": renamed})
+                jd = dataclasses.replace(jd, name=renamed)
             joint, joint_from_link = _bot_joint(jd, from_parent)
             mp, shape = _mass_and_shape(desc, b, notes) if last else (BotMassProperties(), None)
             links.append(
@@ -448,6 +448,8 @@ def bot_from_urdf(path: str | os.PathLike, *, fixed_base: bool = False, strict: 
     joint at index 0 (a Hard weld with ``fixed_base=True``). Links keep their URDF inertials and their first
     collision mesh; primitive collision shapes are dropped and listed in ``notes``. Mesh paths stay as the
     URDF writes them (relative to the URDF's folder, which is the bot's ``source`` until it is saved).
+
+    A URDF that welds its base to a ``world`` link keeps that weld (a Hard world joint) either way.
 
     Raises:
         The errors of :meth:`URDFLoader.load` and of :class:`BotPrefab`'s rules.
