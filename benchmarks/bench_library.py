@@ -1,25 +1,39 @@
-"""MotionLibrary on one CPU thread: microseconds per ``sample`` + ``sample_kinematics`` for 4096 and 65536
-environments over a library of >= 1M frames of the 24-body SMPL humanoid skeleton, against a plain
-per-field advanced-indexing implementation (the way ProtoMotions' ``get_motion_state`` works: separate
-gathers of every field at frame0 and frame1, lerp, and a quaternion slerp) measured in the same run; and
-the load time of a 10k-clip library file.
+"""MotionLibrary on one CPU thread: ``sample`` + ``sample_kinematics`` with exact slerp (the default) and with nlerp,
+for 4096 and 65536 environments, against peers measured in the same run, each printed with its ratio (best of
+N; CPU time ``time.process_time`` beside wall time):
 
-    python benchmarks/bench_library.py [--frames 1048576] [--clips 1024] [--file-clips 10000]
+* a minimal packed gather: the same packed rows gathered at frame0 and frame1 with advanced indexing and blended
+  with one ``torch.lerp`` (no slerp, no renormalisation, fresh outputs): the floor of any gather-based library;
+* a re-implementation of ProtoMotions' ``get_motion_state`` (per-field gathers at frame0 and frame1, lerp and
+  the classic slerp), always;
+* ProtoMotions' own ``MotionLib.get_motion_state`` (``--protomotions DIR``: a checkout of
+  github.com/NVlabs/ProtoMotions; its packed fields are filled from our packed buffers, XYZW) and MimicKit's own
+  ``MotionLib.calc_motion_frame`` + ``KinCharModel.forward_kinematics`` (``--mimickit DIR``: a checkout of
+  github.com/xbpeng/MimicKit; the SMPL humanoid loaded by its MJCF character model). Neither is vendored: the
+  code runs from the given directory (ProtoMotions needs ``easydict`` and ``pyyaml`` installed).
+
+Then the load time of a 10k-clip library file.
+
+    python benchmarks/bench_library.py [--clips 100] [--clip-frames 300] [--protomotions DIR] [--mimickit DIR]
 
 The clips are synthetic (smooth random local rotations and a walking root on the real SMPL skeleton from
-``mjcf/protomotions/smpl_humanoid.xml``): timing depends on sizes, not on what the motion looks like.
+``mjcf/protomotions/smpl_humanoid.xml``): timing depends on sizes, not on what the motion looks like. The
+issue's table uses 100 clips x 300 frames (the default); ``--clips 1024 --clip-frames 1024`` gives a 1M-frame
+library.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from _common import DATA, best_of
+from _common import DATA
 
 import kangengine as ke
 from kangengine.animation import MotionLibrary, SkeletonMotion, SkeletonTree
@@ -125,65 +139,160 @@ class BaselineLibrary:
         )
 
 
-def time_queries(lib: MotionLibrary, base: BaselineLibrary, n: int, gen, repeats: int) -> None:
-    """Print best-of-``repeats`` times of ours (reused output rows, no checks; and with new rows and checks) and
-    the baseline."""
-    ids = lib.sample_motion_ids(n, generator=gen)
-    times = lib.sample_times(ids, generator=gen) * 1.5  # a third of the queries loop
+def cpu_and_wall(fn, repeats: int) -> tuple[float, float]:
+    """Best CPU time (``time.process_time``) and best wall time (s) of ``repeats`` calls of ``fn()``."""
+    cpu = wall = float("inf")
+    for _ in range(repeats):
+        c, w = time.process_time(), time.perf_counter()
+        fn()
+        cpu, wall = min(cpu, time.process_time() - c), min(wall, time.perf_counter() - w)
+    return cpu, wall
+
+
+class MinimalGather:
+    """The minimal packed gather: our two packed row tensors, rows at frame0 and frame1 by advanced indexing,
+    one ``torch.lerp`` each (quaternions neither slerped nor renormalised), new outputs every call."""
+
+    def __init__(self, lib: MotionLibrary):
+        b = lib.packed_buffers()
+        self.frames, self.kin, self.table = b.frames_packed, b.kinematics_packed, lib._clip_table
+
+    def __call__(self, ids, times):
+        clip = self.table[ids]
+        fps, dur = clip[:, 0], clip[:, 1]
+        cycles = torch.floor(times / clip[:, 2])
+        pos = (times - cycles * dur) * fps
+        f0 = torch.minimum(torch.floor(pos), clip[:, 4])
+        w = (pos - f0).float()[:, None]
+        g0 = (f0 + clip[:, 3]).long()
+        g1 = (torch.minimum(f0 + 1, clip[:, 4]) + clip[:, 3]).long()
+        return torch.lerp(self.frames[g0], self.frames[g1], w), torch.lerp(self.kin[g0], self.kin[g1], w)
+
+
+def _xyzw(q):
+    return q[..., [1, 2, 3, 0]].contiguous()
+
+
+def protomotions_peer(checkout: Path, lib: MotionLibrary):
+    """ProtoMotions' own MotionLib (from ``checkout``) holding our packed clips; returns ``fn(ids, times)``."""
+    sys.path.insert(0, str(checkout))
+    from protomotions.components.motion_lib import MotionLib
+
+    b = lib.packed_buffers()
+    pm = MotionLib.empty(device="cpu")
+    pm.gts, pm.grs = b.global_positions.contiguous(), _xyzw(b.global_rotations_wxyz)
+    pm.gvs, pm.gavs = b.global_linear_velocities.contiguous(), b.global_angular_velocities.contiguous()
+    pm.lrs = _xyzw(b.local_rotations_wxyz)
+    frames = lib.total_frames
+    rotvec = ke.rotations.quat_to_rotvec(b.local_rotations_wxyz[:, 1:].double().numpy())
+    pm.dps = torch.as_tensor(rotvec.reshape(frames, -1), dtype=torch.float32)
+    pm.dvs = b.global_angular_velocities[:, 1:].reshape(frames, -1).contiguous()
+    pm.length_starts, pm.motion_num_frames = b.clip_frame_start.clone(), b.clip_frame_count.clone()
+    pm.motion_lengths, pm.motion_dt = b.clip_duration.float(), (1.0 / b.clip_fps).float()
+    pm.motion_weights, pm.contacts = b.clip_weight.float(), None
+    pm.get_motion_state_use_blend = True
+    return lambda ids, times: pm.get_motion_state(ids, times)
+
+
+def mimickit_peer(checkout: Path, lib: MotionLibrary, char_file: Path):
+    """MimicKit's own MotionLib frame blend + its character model's FK (from ``checkout``) on our clips."""
+    sys.path.insert(0, str(checkout / "mimickit"))
+    import anim.mjcf_char_model as mjcf_char_model
+    import anim.motion as mk_motion
+    from anim.motion_lib import MotionLib
+
+    char = mjcf_char_model.MJCFCharModel("cpu")
+    char.load(str(char_file))
+    b = lib.packed_buffers()
+    mk = MotionLib.__new__(MotionLib)
+    mk._device, mk._kin_char_model = "cpu", char
+    mk._motion_num_frames, mk._motion_start_idx = b.clip_frame_count.clone(), b.clip_frame_start.clone()
+    mk._motion_lengths = b.clip_duration.float()
+    mk._motion_loop_modes = torch.full_like(b.clip_frame_count, mk_motion.LoopMode.WRAP.value)
+    mk._motion_wrap_delta = b.clip_loop_displacement.float()
+    mk._frame_root_pos = b.root_positions.contiguous()
+    mk._frame_root_rot = _xyzw(b.root_rotations_wxyz)
+    mk._frame_root_vel = b.root_linear_velocities.contiguous()
+    mk._frame_root_ang_vel = b.root_angular_velocities.contiguous()
+    mk._frame_joint_rot = _xyzw(b.local_rotations_wxyz[:, 1:])
+    mk._frame_dof_vel = b.global_angular_velocities[:, 1:].reshape(lib.total_frames, -1).contiguous()
+
+    def fn(ids, times):
+        root_pos, root_rot, _, _, joint_rot, _ = mk.calc_motion_frame(ids, times)
+        return char.forward_kinematics(root_pos, root_rot, joint_rot)
+
+    return fn
+
+
+def time_queries(libs: dict, peers: dict, n: int, gen, repeats: int) -> None:
+    """Print best-of-``repeats`` CPU and wall times of ours (each interpolation; reused output rows, no checks) and
+    of every peer, with the ratio peer / ours (exact slerp) of CPU times."""
+    first = next(iter(libs.values()))
+    ids = first.sample_motion_ids(n, generator=gen)
+    times = first.sample_times(ids, generator=gen) * 1.5  # a third of the queries loop
     times32 = times.float()
-    out = lib.sample(ids, times)
-    kout = lib.sample_kinematics(out)
+    ours = {}
+    for name, lib in libs.items():
+        out = lib.sample(ids, times)
+        kout = lib.sample_kinematics(out)
 
-    def ours():
-        return lib.sample_kinematics(lib.sample(ids, times, check=False, out=out), out=kout)
+        def fn(lib=lib, out=out, kout=kout):
+            return lib.sample_kinematics(lib.sample(ids, times, check=False, out=out), out=kout)
 
-    def ours_checked():
-        return lib.sample_kinematics(lib.sample(ids, times))
-
-    def baseline():
-        return base.get_motion_state(ids, times32)
-
-    ours(), baseline()
-    t_ours = best_of(ours, repeats)
-    t_checked = best_of(ours_checked, repeats)
-    t_sample = best_of(lambda: lib.sample(ids, times, check=False, out=out), repeats)
-    t_base = best_of(baseline, max(3, repeats // 4))
-    diff = float((ours().body_positions - baseline()["body_pos"]).abs().max())
-    print(
-        f"  n = {n:6d}: sample + sample_kinematics {t_ours * 1e6:9.0f} us (with host checks and new buffers "
-        f"{t_checked * 1e6:.0f} us; sample alone {t_sample * 1e6:.0f} us)"
-    )
-    print(
-        f"             per-field gather baseline  {t_base * 1e6:9.0f} us   ratio {t_base / t_ours:5.1f}x   "
-        f"max |body position difference| {diff:.1e} m (float32 time arithmetic in the baseline)"
-    )
+        fn()
+        ours[name] = cpu_and_wall(fn, repeats)
+        t_sample = cpu_and_wall(lambda lib=lib, out=out: lib.sample(ids, times, check=False, out=out), repeats)
+        print(
+            f"  n = {n:6d}: ours, {name:5s}: sample + sample_kinematics {ours[name][0] * 1e6:8.0f} us CPU "
+            f"({ours[name][1] * 1e6:.0f} us wall; sample alone {t_sample[0] * 1e6:.0f} us CPU)"
+        )
+    ref = ours["slerp"][0]
+    for name, fn in peers.items():
+        tf = times32 if name != "minimal packed gather" else times
+        fn(ids, tf)
+        cpu, wall = cpu_and_wall(lambda fn=fn, tf=tf: fn(ids, tf), max(3, repeats // 4))
+        print(
+            f"             {name:42s} {cpu * 1e6:8.0f} us CPU ({wall * 1e6:.0f} us wall)   "
+            f"ratio to ours (slerp) {cpu / ref:5.1f}x"
+        )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--frames", type=int, default=1 << 20, help="total library frames (>= 1M for the target)")
-    ap.add_argument("--clips", type=int, default=1024)
+    ap.add_argument("--clips", type=int, default=100)
+    ap.add_argument("--clip-frames", type=int, default=300, help="frames per clip")
+    ap.add_argument("--envs", type=int, nargs="+", default=[4096, 65536])
     ap.add_argument("--file-clips", type=int, default=10_000)
     ap.add_argument("--file-frames", type=int, default=60, help="frames per clip of the 10k-clip file")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--protomotions", type=Path, help="a ProtoMotions checkout: run its own MotionLib")
+    ap.add_argument("--mimickit", type=Path, help="a MimicKit checkout: run its own MotionLib and FK")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tree = SkeletonTree.from_articulation(ke.asset.MJCFLoader.load(DATA / "mjcf/protomotions/smpl_humanoid.xml"))
-    per_clip = args.frames // args.clips
+    char_file = DATA / "mjcf/protomotions/smpl_humanoid.xml"
+    tree = SkeletonTree.from_articulation(ke.asset.MJCFLoader.load(char_file))
     t0 = time.perf_counter()
-    clips = synthetic_clips(tree, args.clips, per_clip)
-    lib = MotionLibrary(clips, precompute_kinematics=True)
+    clips = synthetic_clips(tree, args.clips, args.clip_frames)
+    libs = {k: MotionLibrary(clips, precompute_kinematics=True, interpolation=k) for k in ("slerp", "nlerp")}
     t_build = time.perf_counter() - t0
     del clips
-    base = BaselineLibrary(lib)
+    lib = libs["slerp"]
+    peers = {
+        "minimal packed gather": MinimalGather(lib),
+        "ProtoMotions-style re-implementation": BaselineLibrary(lib).get_motion_state,
+    }
+    if args.protomotions is not None:
+        peers["ProtoMotions MotionLib.get_motion_state"] = protomotions_peer(args.protomotions, lib)
+    if args.mimickit is not None:
+        peers["MimicKit calc_motion_frame + FK"] = mimickit_peer(args.mimickit, lib, char_file)
     print(
         f"MotionLibrary: {lib.num_motions} clips, {lib.total_frames:,} frames, {lib.num_bodies} bodies, "
         f"float32, torch {torch.__version__}, 1 CPU thread ({os.cpu_count()} available); built in {t_build:.1f} s"
     )
     gen = torch.Generator().manual_seed(0)
-    for n in (4096, 65536):
-        time_queries(lib, base, n, gen, args.repeats if n <= 4096 else max(3, args.repeats // 4))
-    del base, lib
+    for n in args.envs:
+        time_queries(libs, peers, n, gen, args.repeats if n <= 4096 else max(3, args.repeats // 4))
+    del peers, libs, lib
 
     # library file: 10k clips
     fclips = synthetic_clips(tree, args.file_clips, args.file_frames, seed=1, share=4)

@@ -170,6 +170,76 @@ def test_halfway_samples_are_lerp_and_slerp_of_the_neighbours(amp):
             assert (_angle(_np(s_nlerp.local_rotations_wxyz), ref) <= bound + 2e-5).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_default_is_exact_slerp_of_the_stored_neighbours(amp, dtype):
+    """The default interpolation is slerp (the reference page's SLERP), for sample and sample_kinematics: equal to
+    kangengine.rotations.quat_slerp of the two stored frames (float64, on the stored values) to the dtype's
+    precision, also across the 16 fps backflip's large steps and on a still clip (zero angles)."""
+    still = SkeletonMotion(
+        amp[0].tree, np.repeat(amp[0].root_translation[:1], 20, 0), np.repeat(amp[0].local_rotation[:1], 20, 0), 30.0
+    )
+    lb = MotionLibrary([*amp, still], precompute_kinematics=True, dtype=dtype)
+    assert lb.interpolation is Interpolation.SLERP
+    gen = torch.Generator().manual_seed(4)
+    ids = lb.sample_motion_ids(3000, generator=gen)
+    s = lb.sample(ids, lb.sample_times(ids, generator=gen) * 2.3)
+    k = lb.sample_kinematics(s)
+    b = lb.packed_buffers()
+    t = _np(s.blend)[:, None]
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    for got, stored in (
+        (s.local_rotations_wxyz, b.local_rotations_wxyz),
+        (k.body_rotations_wxyz, b.global_rotations_wxyz),
+    ):
+        q0, q1 = _np(stored[s.frame0]), _np(stored[s.frame1])
+        ref = R.quat_slerp(q0, q1, t)
+        assert np.abs(_np(got) - ref).max() < tol
+        assert np.abs(np.linalg.norm(_np(got), axis=-1) - 1).max() < tol
+    # scipy's Slerp on one joint of the backflip (up to 1.1 rad between its stored frames)
+    m = amp[2]
+    kk = np.arange(m.num_frames - 1)
+    sb = lb.sample(np.full(len(kk), 2), (kk + 0.3) / m.fps, loop=False)
+    q = np.asarray(m.local_rotation, np.float64)
+    step = _angle(q[1:], q[:-1]).max()
+    assert step > 0.5
+    for j in range(q.shape[1]):
+        ref = Slerp(np.arange(m.num_frames), Rotation.from_quat(q[:, j], scalar_first=True))(kk + 0.3)
+        assert _angle(_np(sb.local_rotations_wxyz[:, j]), ref.as_quat(scalar_first=True)).max() < 2e-5
+    # the still clip: every angle is zero, the sample is the stored frame
+    st = lb.sample(np.full(5, 3), np.linspace(0, 0.6, 5), loop=False)
+    assert torch.allclose(st.local_rotations_wxyz, b.local_rotations_wxyz[int(b.clip_frame_start[3])].expand(5, -1, -1))
+
+
+def test_nlerp_option_still_normalised_lerp(amp):
+    lb = MotionLibrary(amp, precompute_kinematics=True, interpolation="nlerp")
+    assert lb.interpolation is Interpolation.NLERP
+    s = lb.sample([0, 1, 2], [0.51, 0.33, 1.1], loop=False)
+    b = lb.packed_buffers()
+    q0, q1 = _np(b.local_rotations_wxyz[s.frame0]), _np(b.local_rotations_wxyz[s.frame1])
+    assert np.abs(_np(s.local_rotations_wxyz) - R.quat_nlerp(q0, q1, _np(s.blend)[:, None])).max() < 2e-6
+    g0, g1 = _np(b.global_rotations_wxyz[s.frame0]), _np(b.global_rotations_wxyz[s.frame1])
+    ref = R.quat_nlerp(g0, g1, _np(s.blend)[:, None])
+    assert np.abs(_np(lb.sample_kinematics(s).body_rotations_wxyz) - ref).max() < 2e-6
+
+
+def test_pair_angle_table_against_scipy():
+    """The per-frame-pair table behind the slerp: half-angles from scipy, sign of the shorter arc, clip ends."""
+    from kangengine.animation.library.sampling import pair_angle_table
+
+    rng = np.random.default_rng(7)
+    q = R.quat_normalize(rng.normal(size=(6, 2, 4)))
+    q[3, 1] = -q[2, 1]  # the same rotation with the other sign: zero angle, negative dot product
+    last = torch.tensor([2, 2, 2, 5, 5, 5])
+    tab = pair_angle_table(torch.as_tensor(q.reshape(6, 8)), last).numpy()
+    nxt = np.minimum(np.arange(1, 7), last.numpy())
+    rot = Rotation.from_quat(q.reshape(-1, 4), scalar_first=True)
+    rel = (Rotation.from_quat(q[nxt].reshape(-1, 4), scalar_first=True) * rot.inv()).magnitude().reshape(6, 2)
+    assert np.allclose(tab[:, :2], np.maximum(rel / 2, 1e-8), atol=1e-7)  # float64: at least 1e-8
+    dot = (q * q[nxt]).sum(-1)
+    assert np.allclose(np.sign(tab[:, 2:4]), np.sign(np.where(dot == 0, 1, dot)))
+    assert np.allclose(tab[:, 4:] * tab[:, 2:4] * np.sin(tab[:, :2]), np.cos(tab[:, :2]))
+
+
 def test_nlerp_error_bound_is_right():
     rng = np.random.default_rng(3)
     for theta in (0.01, 0.1, 0.5, 1.5):

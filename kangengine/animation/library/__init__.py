@@ -18,15 +18,16 @@ velocity ``(p[i+1] - p[i-1]) / (2 dt)`` and angular velocity ``log(q[i+1] q[i-1]
 frame, left-multiplicative: ``q(t + h) = exp(w h) q(t)``) inside a clip, one-sided differences at its first
 and last frame, zero for a one-frame clip; ``dt = 1 / clip fps``. Differences never cross clip boundaries.
 
-Sampling gathers the two stored frames around each query time with one ``index_select`` of whole rows and
-blends them with one ``torch.lerp``; quaternions are then renormalised (normalised lerp, "nlerp"). The
-stored quaternions are made hemisphere-continuous along each clip at registration (``q`` and ``-q`` are the
-same rotation), so neighbouring frames never need a sign flip. Between two neighbouring mocap frames the
-rotation is small and nlerp equals slerp to well below float32 resolution of practical interest: for a
-relative rotation ``theta`` between the frames the largest angular difference is
-``nlerp_max_error(theta) ~= theta**3 / (144 sqrt(3)) ~= theta**3 / 249`` rad (4e-6 rad for 0.1 rad between
-frames, 5e-4 rad for 0.5 rad); pass
-``interpolation="slerp"`` for exact slerp. ``tests/test_library.py`` measures both on real clips.
+Sampling gathers the two stored frames around each query time with ``index_select`` of whole rows, lerps
+positions and velocities, and interpolates rotations with exact slerp (the default, ``interpolation="slerp"``):
+``slerp(q0, q1, t) = (cos(t a) - cos(a) b) q0 + b q1`` with ``b = sin(t a) / sin(a)``, ``a`` the half-angle of
+the frame pair, read from a per-frame table built once (:func:`~.sampling.pair_angle_table`, 3 floats per
+quaternion per frame), so a query costs one ``sin`` and one ``cos`` per quaternion and no branch. The stored
+quaternions are made hemisphere-continuous along each clip at registration (``q`` and ``-q`` are the same
+rotation). ``interpolation="nlerp"`` blends the whole row with one ``torch.lerp`` and renormalises; between two
+neighbouring mocap frames it differs from slerp by at most ``nlerp_max_error(theta) ~= theta**3 / (144 sqrt(3))``
+rad (4e-6 rad for 0.1 rad between frames, 5e-4 rad for 0.5 rad). ``tests/test_library.py`` measures both on
+real clips.
 
 Nothing in :meth:`MotionLibrary.sample` loops over environments in Python or synchronises with the
 device (no ``.item()``, no data-dependent shapes); input checks that would need the device's data run only

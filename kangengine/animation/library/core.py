@@ -58,7 +58,7 @@ class MotionLibrary(SamplingMixin):
         names: clip names (default: ``metadata["name"]``, the stem of ``metadata["source"]``, or
             ``"motion_<id>"``).
         dtype: ``torch.float32`` (default) or ``torch.float64`` for every stored float.
-        interpolation: :class:`Interpolation` (``"nlerp"`` default, or ``"slerp"``).
+        interpolation: :class:`Interpolation`: ``"slerp"`` (default, exact) or ``"nlerp"``.
 
     A library reuses internal scratch buffers between calls: sample from one thread at a time (or one
     library per thread).
@@ -81,7 +81,7 @@ class MotionLibrary(SamplingMixin):
         weights=None,
         names=None,
         dtype=None,
-        interpolation: Interpolation | str = Interpolation.NLERP,
+        interpolation: Interpolation | str = Interpolation.SLERP,
     ):
         import torch
 
