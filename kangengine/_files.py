@@ -225,8 +225,8 @@ def load_npz(
 
 
 def npz_array(z: Mapping, key: str, path, *, kind: str = "f", ndim: int | None = None, last: int | None = None):
-    """``z[key]`` checked: ``kind="f"`` numeric (integers become float64) and finite, ``"i"`` integer, ``"U"``
-    text; ``ndim`` dimensions; ``last`` the size of the last axis.
+    """``z[key]`` checked: ``kind="f"`` numeric (integers become float64, float16 float32) and finite, ``"i"``
+    integer, ``"U"`` text; ``ndim`` dimensions; ``last`` the size of the last axis.
 
     Raises:
         FormatError, NonFiniteError: naming ``path`` and ``key``.
@@ -237,6 +237,8 @@ def npz_array(z: Mapping, key: str, path, *, kind: str = "f", ndim: int | None =
             raise FormatError(f"dtype {a.dtype}; expected floats", path=path, item=key)
         if a.dtype.kind != "f":
             a = a.astype(np.float64)
+        elif a.dtype.itemsize < 4:  # float16: upcast (exact), so that checks and normalisation are not rounded
+            a = a.astype(np.float32)
         if not np.isfinite(a).all():
             raise NonFiniteError("holds NaN or inf; expected finite numbers", path=path, item=key)
     elif kind == "i" and a.dtype.kind not in "iu":

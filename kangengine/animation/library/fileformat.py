@@ -27,6 +27,7 @@ from .columns import sample_columns
 __all__ = [
     "LIBRARY_FORMAT",
     "LIBRARY_FORMAT_VERSION",
+    "LIBRARY_QUAT_TOLERANCE",
     "LibraryFile",
     "write_library_file",
     "read_library_file",
@@ -278,27 +279,39 @@ def _check_tables(header: dict, tensors: dict, tree: SkeletonTree, path: Path) -
         _table(tensors, "backend_packed", path, kind="f", shape=(rows, width))
 
 
-def _check_values(file: LibraryFile, path: Path) -> None:
-    """The frame data itself: finite, unit root and local quaternions (O(frames); ``skip_checks`` skips it)."""
+#: Largest ``|norm - 1|`` of a stored rotation a library file may hold. :meth:`MotionLibrary.save` writes unit
+#: quaternions (float32 rounding: ~1e-7); the mapped frames are sampled as they are, never renormalised on load.
+LIBRARY_QUAT_TOLERANCE = 1e-5
+
+
+def _check_unit(quats, path: Path, key: str) -> None:
     import torch
 
-    from ..._files import QUAT_NORM_TOLERANCE
+    dev = (torch.linalg.vector_norm(quats.double(), dim=-1) - 1).abs()
+    if dev.numel() and float(dev.max()) > LIBRARY_QUAT_TOLERANCE:
+        row = int(torch.nonzero(dev > LIBRARY_QUAT_TOLERANCE)[0, 0])
+        raise FormatError(
+            f"row {row} holds a rotation of norm {1 + float(dev[row].max()):.6g}; expected unit quaternions "
+            f"(|norm - 1| <= {LIBRARY_QUAT_TOLERANCE})",
+            path=path,
+            item=key,
+        )
+
+
+def _check_values(file: LibraryFile, path: Path) -> None:
+    """The frame data itself: finite, unit root, local and kinematics rotations (O(frames); ``skip_checks``
+    skips it)."""
+    import torch
 
     for key, t in (("frames_packed", file.frames_packed), ("kinematics_packed", file.kinematics_packed)):
         if t is not None and not bool(torch.isfinite(t).all()):
             row = int(torch.nonzero(~torch.isfinite(t).all(dim=1))[0, 0])
             raise FormatError(f"holds NaN or inf (row {row})", path=path, item=key)
-    cols = sample_columns(file.skeleton_tree.num_nodes, file.has_local_translations)
-    quats = file.frames_packed[:, cols.rot].unflatten(1, (-1, 4))
-    dev = (torch.linalg.vector_norm(quats, dim=-1) - 1).abs()
-    if dev.numel() and float(dev.max()) > QUAT_NORM_TOLERANCE:
-        row = int(torch.nonzero(dev > QUAT_NORM_TOLERANCE)[0, 0])
-        raise FormatError(
-            f"row {row} holds a rotation of norm {1 + float(dev[row].max()):.6g}; expected unit quaternions "
-            f"(|norm - 1| <= {QUAT_NORM_TOLERANCE})",
-            path=path,
-            item="frames_packed",
-        )
+    b = file.skeleton_tree.num_nodes
+    cols = sample_columns(b, file.has_local_translations)
+    _check_unit(file.frames_packed[:, cols.rot].unflatten(1, (b, 4)), path, "frames_packed")
+    if file.kinematics_packed is not None:
+        _check_unit(file.kinematics_packed[:, 3 * b : 7 * b].unflatten(1, (b, 4)), path, "kinematics_packed")
     decode_clip_metadata(file.clip_metadata_json, len(file.clip_names), path=path)
 
 
@@ -310,7 +323,7 @@ def read_library_file(path: str | os.PathLike, *, skip_checks: bool = False) -> 
     clip tables: ``clip_frame_count >= 1`` summing to the rows of ``frames_packed``, ``clip_frame_start`` equal
     to the cumulative counts, ``clip_fps`` finite > 0, ``clip_weight`` finite >= 0 with a positive sum,
     finite loop displacements. Unless ``skip_checks``: the frame data too (finite values, unit quaternions to
-    :data:`~kangengine._files.QUAT_NORM_TOLERANCE`, clip metadata that decodes), which reads every page.
+    :data:`LIBRARY_QUAT_TOLERANCE`, clip metadata that decodes), which reads every page.
 
     Raises:
         FileMissingError, FormatError: no such file, not a library file, or inconsistent content (naming the
