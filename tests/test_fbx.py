@@ -19,6 +19,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 import kangengine as ke
 from kangengine import conventions as axes
+from kangengine.cli import main
 from kangengine.errors import FileMissingError, FormatError, UnknownNameError
 from kangengine.io import load_fbx
 
@@ -141,7 +142,7 @@ def test_cmu_fbx_rest_translations_equal_the_files_lcl_translation():
     ``UnitScaleFactor`` cm, read here without assimp."""
     path = data_file(CMU)
     models, settings = fbx_model_properties(path)
-    m = load_fbx(path, dtype=np.float64)
+    m = load_fbx(path, units="file", dtype=np.float64)  # the declared unit, as the file says
     metres_per_bone_unit = models["07_01"]["Lcl Scaling"][0] * settings["UnitScaleFactor"][0] / 100.0
     assert metres_per_bone_unit == pytest.approx(1.0, rel=1e-6)  # Blender wrote one mocap unit as one metre
     for i, name in enumerate(m.tree.node_names[1:], start=1):
@@ -226,7 +227,7 @@ def test_cmu_fbx_world_positions_equal_pyassimp_composition():
 
 def test_cmu_fbx_in_metres_with_the_cmu_unit():
     with pytest.warns(ke.errors.UnitsWarning, match=r"25\.5 m tall.*BVH_LENGTH_UNITS\['cmu'\]"):
-        load_fbx(data_file(CMU))  # the file declares centimetres for CMU length units
+        load_fbx(data_file(CMU), units="file")  # the file declares centimetres for CMU length units
     with warnings.catch_warnings():
         warnings.simplefilter("error", ke.errors.UnitsWarning)
         m = load_fbx(data_file(CMU), scale=ke.io.BVH_LENGTH_UNITS["cmu"])
@@ -286,7 +287,7 @@ def test_load_motion_reads_fbx():
 def test_bad_fbx_files(tmp_path):
     cut = tmp_path / "truncated.fbx"
     cut.write_bytes(data_file(CMU).read_bytes()[:100_000])
-    with pytest.raises(FormatError, match="truncated.fbx: assimp: assimp cannot read it"):
+    with pytest.raises(FormatError, match=r"truncated.fbx: byte \d+: node 'Objects': .* the file is truncated"):
         load_fbx(cut)
     junk = tmp_path / "junk.fbx"
     junk.write_text("not an fbx file at all\n")
@@ -325,3 +326,125 @@ def test_take_names_and_missing_pyassimp_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyassimp", None)  # as if the fbx extra were not installed
     with pytest.raises(MissingDependencyError, match=r"pip install -e \"\.\[fbx\]\""):
         load_fbx(data_file(CMU))
+
+
+# -- issue 17: implausible units corrected with a reason; headers and counts capped by the file's size ------
+
+
+@pytest.mark.parametrize(
+    ("rel", "travel_m"),
+    [("fbx/07_01_cmu.fbx", 3.58), ("fbx/08_02_cmu.fbx", 3.95), ("fbx/01_01_cmu.fbx", 3.15)],
+)
+def test_cmu_fbx_units_are_corrected_with_a_recorded_reason(rel, travel_m):
+    path = data_file(rel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ke.errors.UnitsWarning)  # corrected, not merely warned about
+        auto = load_fbx(path, dtype=np.float64)
+        given = load_fbx(path, scale=ke.io.BVH_LENGTH_UNITS["cmu"], dtype=np.float64)
+    declared = load_fbx(path, units="file", dtype=np.float64)
+    fix = auto.metadata["units_corrected"]
+    assert fix["unit"] == "cmu" and fix["multiplier"] == ke.io.BVH_LENGTH_UNITS["cmu"]
+    assert fix["height_declared_m"] > 20 and "implausible" in fix["reason"]
+    assert given.metadata["units_corrected"] is None and declared.metadata["units_corrected"] is None
+    assert 1.3 < auto.metadata["height_m"] < 1.6  # the CMU subjects, standing (root left out)
+    # the corrected clip is the one read with the CMU unit given explicitly
+    np.testing.assert_allclose(auto.global_translation, given.global_translation, atol=1e-9)
+    np.testing.assert_allclose(auto.global_translation, declared.global_translation * fix["multiplier"], atol=1e-9)
+    root = auto.root_translation[:, :2]
+    assert np.linalg.norm(root[-1] - root[0]) == pytest.approx(travel_m, abs=0.01)  # was 63.5 m for 07_01
+    assert np.linalg.norm(declared.root_translation[-1, :2] - declared.root_translation[0, :2]) > 50
+
+
+@pytest.mark.parametrize("rel", ["fbx/animation_with_skeleton.fbx", "fbx/huesitos.fbx"])
+def test_blender_fbx_units_are_left_as_declared(rel):
+    auto = load_fbx(data_file(rel), dtype=np.float64)
+    declared = load_fbx(data_file(rel), units="file", dtype=np.float64)
+    assert auto.metadata["units_corrected"] is None and auto.metadata["scale"] == declared.metadata["scale"] == 0.01
+    np.testing.assert_array_equal(auto.global_translation, declared.global_translation)
+
+
+def test_convert_cmu_fbx_with_its_documented_config(tmp_path):
+    """The issue's command: the converted AMP clip's root travels the walk's 3.6 m, not 63.5 m."""
+    out = tmp_path / "out"
+    rc = main(
+        ["convert", str(data_file("mjcf/protomotions/amp_humanoid.xml")), str(data_file(CMU)), "--config",
+         "cmu_to_amp", "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    (npz,) = sorted(out.rglob("*.npz"))
+    q = np.load(npz)["q"]
+    assert np.linalg.norm(q[-1, :2] - q[0, :2]) == pytest.approx(3.6, abs=0.3)
+
+
+def _fbx_array_headers(data: bytes):
+    """(offset of the array header, type code, count, encoding, stored bytes) of every array property in a binary
+    FBX 7.4 file, found by walking the records (independent of the reader's own check)."""
+    out = []
+
+    def walk(pos, end):
+        while pos < end:
+            eo, n_props, props_len = struct.unpack_from("<III", data, pos)
+            name_len = data[pos + 12]
+            if eo == 0:
+                return
+            p = pos + 13 + name_len
+            for _ in range(n_props):
+                code = chr(data[p])
+                if code in "fdlib":
+                    n, enc, stored = struct.unpack_from("<III", data, p + 1)
+                    out.append((p + 1, code, n, enc, stored))
+                    p += 13 + stored
+                elif code in "SR":
+                    p += 5 + struct.unpack_from("<I", data, p + 1)[0]
+                else:
+                    p += 1 + {"Y": 2, "C": 1, "I": 4, "F": 4, "D": 8, "L": 8}[code]
+            if p < eo:
+                walk(p, eo)
+            pos = eo
+
+    walk(27, len(data))
+    return out
+
+
+@pytest.mark.parametrize("encoding", [0, 1], ids=["raw", "zlib"])
+def test_corrupted_array_count_is_refused_before_assimp_allocates(tmp_path, encoding):
+    import tracemalloc
+
+    data = bytearray(data_file(CMU).read_bytes())
+    off, code, n, enc, stored = next(h for h in _fbx_array_headers(bytes(data)) if h[3] == encoding and h[2] > 4)
+    struct.pack_into("<I", data, off, 0x7FFFFFF0)  # the count claims 2^31 values: 8-17 GB
+    bad = tmp_path / "count.fbx"
+    bad.write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="claims 2147483632 values") as e:
+            load_fbx(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(bad) in str(e.value) and e.value.item.startswith("byte ")
+    assert peak < 20 * len(data)
+
+
+def test_corrupted_key_time_is_refused_not_resampled_into_gigabytes(tmp_path):
+    import tracemalloc
+
+    data = bytearray(data_file(CMU).read_bytes())
+    # the last key time (int64 ticks) of an uncompressed two-key curve pushed 1e6 times further: the take would
+    # span 3e8 frames to resample (gigabytes) from 317 keys
+    off, code, n, enc, stored = next(h for h in _fbx_array_headers(bytes(data)) if h[1] == "l" and h[3] == 0)
+    ticks = np.frombuffer(bytes(data[off + 12 : off + 12 + stored]), dtype="<i8").copy()
+    assert n == 2 and ticks[-1] > 0
+    ticks[-1] *= 10**6
+    data[off + 12 : off + 12 + stored] = ticks.tobytes()
+    bad = tmp_path / "keytime.fbx"
+    bad.write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match=r"spans .* frames .* at most 317 keys; expected at most 5072") as e:
+            load_fbx(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(bad) in str(e.value)
+    assert peak < 20 * len(data)

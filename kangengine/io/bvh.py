@@ -37,7 +37,15 @@ from .. import rotations as R
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
 
-__all__ = ["load_bvh", "save_bvh", "BVH_LENGTH_UNITS", "BVHFrameCountWarning", "FRAME_TIME_RANGE_S", "MAX_BVH_NODES"]
+__all__ = [
+    "load_bvh",
+    "save_bvh",
+    "BVH_LENGTH_UNITS",
+    "BVHFrameCountWarning",
+    "FRAME_TIME_RANGE_S",
+    "MAX_BVH_NODES",
+    "unit_from_standing_height",
+]
 
 #: Metres per unit for the unit names ``load_bvh(scale=...)`` and ``save_bvh(units=...)`` accept.
 #: ``"cmu"`` is the CMU mocap unit (ASF ``length 0.45``: 1 unit = 1/0.45 inch = 0.05644 m).
@@ -584,7 +592,9 @@ def _height(pos: np.ndarray, up: str) -> float:
     return float(np.median(pos[..., a].max(axis=1) - pos[..., a].min(axis=1)))
 
 
-def _unit_from_height(h: float) -> str:
+def unit_from_standing_height(h: float) -> str:
+    """The length unit (a key of :data:`BVH_LENGTH_UNITS`) in which a standing human ``h`` file units tall is
+    nearest 1.7 m: ``h < 7.2`` metres, ``< 44.9`` CMU units, ``< 106.7`` inches, ``< 537`` cm, else mm."""
     for bound, unit in _HEIGHT_UNIT_BOUNDS:
         if h < bound:
             return unit
@@ -713,7 +723,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
                 offsets, vec_index, rot, root_t, lt = build("z")
         height = _height(pos, up)
         if scale is None:
-            unit_name = _unit_from_height(height)
+            unit_name = unit_from_standing_height(height)
             metres_per_unit = BVH_LENGTH_UNITS[unit_name]
 
     names, original = _node_names(nodes)

@@ -39,7 +39,10 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
+import struct
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +51,17 @@ from .. import conventions as axes
 from .. import rotations as R
 from ..errors import FileMissingError, FormatError, MissingDependencyError, UnitsWarning, UnknownNameError
 
-__all__ = ["load_fbx", "fbx_take_names"]
+__all__ = ["load_fbx", "fbx_take_names", "FBX_PLAUSIBLE_HEIGHT_M"]
+
+#: Standing height (m) a mocap-sized skeleton (>= 20 nodes) must have after the unit conversion; outside it
+#: the file's declared unit is taken to be wrong and corrected (``units="auto"``) or refused.
+FBX_PLAUSIBLE_HEIGHT_M = (0.2, 3.0)
+_MOCAP_NODES = 20
+# zlib cannot inflate more than ~1032 bytes per compressed byte; an array count claiming more is corrupt.
+_ZLIB_MAX_RATIO = 1032
+_ARRAY_ITEM = {"f": 4, "d": 8, "l": 8, "i": 4, "b": 1}
+_SCALAR_SIZE = {"Y": 2, "C": 1, "I": 4, "F": 4, "D": 8, "L": 8}
+_BINARY_MAGIC = b"Kaydara FBX Binary  \x00"
 
 _META_BOOL, _META_INT32, _META_UINT64, _META_FLOAT, _META_DOUBLE, _META_STRING, _META_VEC3 = range(7)
 _LIB = None
@@ -143,11 +156,154 @@ def _keys(ptr, n: int, stride: int, width: int, path, node: str, what: str):
     return t, v
 
 
+def _check_fbx_file(path: Path) -> None:
+    """Check what the file's headers and array counts claim against its real size, before libassimp
+    allocates anything from them (a corrupted count made it allocate 4 GB).
+
+    Binary FBX: every node record must lie inside its parent and the file, its property list must parse to
+    exactly its declared length, an uncompressed array's byte length must be its count times the item size,
+    and a zlib array must inflate to exactly that many bytes (inflated with that bound, so a lying header
+    costs no more than the file's own data). ASCII FBX: no ``*N`` array count may exceed the file's size.
+    """
+    data = path.read_bytes()
+    if data.startswith(_BINARY_MAGIC):
+        _check_binary_fbx(data, path)
+    elif b"FBXHeaderExtension" in data[:4096]:
+        for m in re.finditer(rb"\*\s*(\d{1,30})", data):
+            if int(m.group(1)) > len(data):
+                raise FormatError(
+                    f"an array claims {int(m.group(1))} values but the file has only {len(data)} bytes",
+                    path=path,
+                    item=f"byte {m.start()}",
+                )
+
+
+def _check_binary_fbx(data: bytes, path: Path) -> None:
+    if len(data) < 27:
+        raise FormatError("truncated binary FBX header; expected at least 27 bytes", path=path, item="header")
+    version = struct.unpack_from("<I", data, 23)[0]
+    word = 8 if version >= 7500 else 4
+    head = struct.Struct("<QQQ" if word == 8 else "<III")
+    stack = [len(data)]  # end offsets of the open records; the file itself first
+    pos = 27
+    while True:
+        end = stack[-1]
+        if len(stack) > 1 and pos == end:  # a nested list that ends without a null record
+            stack.pop()
+            continue
+        if pos + head.size + 1 > end:
+            if len(stack) == 1:
+                return  # the top level may end in a short footer; assimp judges the rest
+            raise FormatError("a node record runs past its parent's end", path=path, item=f"byte {pos}: node record")
+        end_offset, num_props, props_len = head.unpack_from(data, pos)
+        name_len = data[pos + head.size]
+        if end_offset == 0 and num_props == 0 and props_len == 0:  # null record: closes the current list
+            if len(stack) == 1:
+                return
+            pos = stack.pop()
+            continue
+        props_at = pos + head.size + 1 + name_len
+        name = data[pos + head.size + 1 : props_at].decode("latin-1")
+        item = f"byte {pos}: node {name!r}"
+        if end_offset > len(data):
+            raise FormatError(
+                f"the node record claims to end at byte {end_offset} but the file has {len(data)} bytes; the file is "
+                "truncated or corrupted",
+                path=path,
+                item=item,
+            )
+        if not (pos < end_offset <= end and props_at + props_len <= end_offset):
+            raise FormatError(
+                f"the node record claims to end at byte {end_offset} with {props_len} bytes of properties; expected "
+                f"it inside its parent (bytes {pos} to {end})",
+                path=path,
+                item=item,
+            )
+        _check_properties(data, props_at, num_props, props_len, path, item)
+        pos = props_at + props_len
+        if pos < end_offset:  # nested records follow
+            stack.append(end_offset)
+
+
+def _check_properties(data: bytes, pos: int, count: int, length: int, path, item: str) -> None:
+    end = pos + length
+    if count > length:
+        raise FormatError(f"{count} properties in {length} bytes", path=path, item=item)
+    for k in range(count):
+        if pos >= end:
+            raise FormatError(f"property {k} starts past the property list's end", path=path, item=item)
+        code = chr(data[pos])
+        pos += 1
+        if code in _ARRAY_ITEM:
+            if pos + 12 > end:
+                raise FormatError(f"array property {k} header runs past the list", path=path, item=item)
+            n, encoding, stored = struct.unpack_from("<III", data, pos)
+            pos += 12
+            want = n * _ARRAY_ITEM[code]
+            if pos + stored > end:
+                raise FormatError(
+                    f"array property {k} stores {stored} bytes but {end - pos} remain in the record",
+                    path=path,
+                    item=item,
+                )
+            if encoding == 0:
+                if stored != want:
+                    raise FormatError(
+                        f"array property {k} claims {n} values ({want} bytes) but stores {stored} bytes",
+                        path=path,
+                        item=item,
+                    )
+            elif encoding == 1:
+                if want > _ZLIB_MAX_RATIO * stored + 64:
+                    raise FormatError(
+                        f"array property {k} claims {n} values ({want} bytes) from {stored} compressed bytes; "
+                        f"zlib inflates at most {_ZLIB_MAX_RATIO}x",
+                        path=path,
+                        item=item,
+                    )
+                try:
+                    inflated = len(zlib.decompressobj().decompress(data[pos : pos + stored], want + 1))
+                except zlib.error as exc:
+                    raise FormatError(
+                        f"array property {k} is not valid zlib data ({exc})", path=path, item=item
+                    ) from None
+                if inflated != want:
+                    raise FormatError(
+                        f"array property {k} claims {n} values ({want} bytes) but inflates to "
+                        f"{inflated if inflated <= want else 'more'} bytes",
+                        path=path,
+                        item=item,
+                    )
+            else:
+                raise FormatError(
+                    f"array property {k} has encoding {encoding}; expected 0 (raw) or 1 (zlib)", path=path, item=item
+                )
+            pos += stored
+        elif code in ("S", "R"):
+            if pos + 4 > end:
+                raise FormatError(f"string property {k} header runs past the list", path=path, item=item)
+            n = struct.unpack_from("<I", data, pos)[0]
+            pos += 4 + n
+        elif code in _SCALAR_SIZE:
+            pos += _SCALAR_SIZE[code]
+        else:
+            raise FormatError(
+                f"property {k} has type code {code!r}; expected one of Y C I F D L S R f d l i b", path=path, item=item
+            )
+    if pos != end:
+        raise FormatError(
+            f"the {count} properties take {pos - (end - length)} bytes; the record declares {length}",
+            path=path,
+            item=item,
+        )
+
+
 class _Scene:
     """The parts of an assimp scene this module uses, copied into Python/numpy (the scene is released)."""
 
     def __init__(self, path: Path):
         dll, structs, quat_stride, self.assimp_version = _library()
+        _check_fbx_file(path)
         store = dll.aiCreatePropertyStore()
         try:
             dll.aiSetImportPropertyInteger(store, b"IMPORT_FBX_PRESERVE_PIVOTS", 0)
@@ -171,7 +327,12 @@ class _Scene:
                 idx = len(self.names)
                 self.names.append(_string(n.mName))
                 self.parents.append(parent)
-                self.matrices.append(_matrix(n.mTransformation))
+                mat = _matrix(n.mTransformation)
+                if not np.isfinite(mat).all():
+                    raise FormatError(
+                        f"the transform of node {self.names[-1]!r} holds NaN or inf", path=path, item=self.names[-1]
+                    )
+                self.matrices.append(mat)
                 self.num_meshes.append(int(n.mNumMeshes))
                 stack.extend((n.mChildren[i], idx) for i in reversed(range(n.mNumChildren)))
             self.takes = []
@@ -282,6 +443,7 @@ def load_fbx(
     root: str | None = None,
     up_axis: str = "auto",
     scale: float = 1.0,
+    units: str = "auto",
     dtype=np.float32,
 ):
     """Read a skeleton animation from an FBX file into a :class:`~kangengine.animation.SkeletonMotion`.
@@ -296,6 +458,13 @@ def load_fbx(
         scale: multiplier applied after the file's own unit conversion (``UnitScaleFactor`` cm -> m).
             Example: the CMU FBX files converted by Blender declare one mocap unit as one metre; their true
             unit is 0.0564 m (CMU ``length 0.45``), so ``scale=BVH_LENGTH_UNITS["cmu"]`` gives metres.
+        units: ``"auto"`` (default): a mocap-sized skeleton (>= 20 nodes) whose standing height with the
+            declared unit (and ``scale``) lies outside :data:`FBX_PLAUSIBLE_HEIGHT_M` is re-read in the unit
+            in which a 1.7 m person is nearest, as :func:`~kangengine.io.load_bvh` detects BVH units (the
+            height taken as metres: ``< 7.2`` m, ``< 44.9`` CMU units...), and the correction is recorded in
+            ``metadata["units_corrected"]``; when no unit makes it plausible the file is refused. The CMU FBX
+            files (one CMU unit declared as 1 cm with a x100 node, 25 m tall) become CMU units (1.44 m).
+            ``"file"``: keep the declared unit (only a :class:`UnitsWarning` when implausible).
         dtype: float32 (default) or float64 arrays.
 
     Returns:
@@ -307,11 +476,14 @@ def load_fbx(
         (cm per scene unit), ``scale`` (metres per scene unit applied), ``source_units``, ``up_axis``,
         ``root``, ``folded_ancestors`` (nodes above the root), ``folded_scale`` (scale of the root's world
         matrix per axis), ``skipped_nodes`` (mesh nodes), ``original_names``, ``assimp_version``,
-        ``frames_from_keys`` (``fps`` not given).
+        ``frames_from_keys`` (``fps`` not given), ``height_m`` (standing height after the unit conversion),
+        ``units_corrected`` (``None``, or ``{"reason", "unit", "multiplier", "height_declared_m"}``).
 
     Raises:
         FileMissingError, MissingDependencyError (pyassimp or libassimp missing), FormatError (assimp
-        cannot read the file, no animation take, NaN keys), UnknownNameError (unknown ``take``/``root``).
+        cannot read the file, its headers or array counts claim more than the file holds, no animation take,
+        NaN keys or transforms, a take spanning far more frames than it has keys, implausible units that no
+        unit corrects), UnknownNameError (unknown ``take``/``root``).
     """
     p = Path(path)
     if not p.is_file():
@@ -321,6 +493,8 @@ def load_fbx(
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
+    if units not in ("auto", "file"):
+        raise FormatError(f"units {units!r}; expected 'auto' or 'file'", item="units")
     try:
         scale = float(scale)
     except (TypeError, ValueError):
@@ -365,7 +539,19 @@ def load_fbx(
     out_fps = key_fps if fps is None else float(fps)
     if not (math.isfinite(out_fps) and out_fps > 0):
         raise FormatError(f"fps {fps!r}; expected frames per second > 0", item="fps")
-    n_frames = int(math.floor((t1 - t0) / tps * out_fps + 1e-6)) + 1
+    span_frames = (t1 - t0) / tps * out_fps
+    most_keys = max(len(t) for t in times)
+    frame_cap = max(16 * most_keys * max(1.0, out_fps / key_fps), 1024)
+    if not span_frames < frame_cap:  # also NaN
+        raise FormatError(
+            f"take {take_name!r} spans {(t1 - t0) / tps:.6g} s from its first to its last key, {span_frames:.6g} "
+            f"frames at {out_fps:.6g} fps, but its channels hold at most {most_keys} keys; expected at most "
+            f"{frame_cap:.0f} frames "
+            "(a corrupted key time or rate; pass a lower fps= to resample a sparse take)",
+            path=p,
+            item=f"{take_name}.KeyTime",
+        )
+    n_frames = int(math.floor(span_frames + 1e-6)) + 1
     grid = t0 + np.arange(n_frames, dtype=np.float64) * (tps / out_fps)
 
     # -- world transforms of the root's ancestors and the skeleton ------------------------------------
@@ -460,9 +646,13 @@ def load_fbx(
         up = "y" if up_code == 1 else "z"
     vec = axes.vec_zup_from_yup if up == "y" else (lambda v: v)
     quat = axes.quat_zup_from_yup if up == "y" else (lambda q: q)
+    height = _standing_height(anim_pos, skeleton, root_idx, up, n_frames) * metres
+    multiplier, corrected = _unit_correction(height, len(skeleton), metres, units, p)
+    metres *= multiplier
     tree_t = vec(rest_t[0]) * metres
     lq = quat(lq)
     lt = vec(lt) * metres
+    _check_result(lq, lt, p)
     moving = np.abs(lt[:, 1:] - tree_t[None, 1:]).max() if len(skeleton) > 1 else 0.0
     size = max(float(np.abs(tree_t[1:]).max()) if len(skeleton) > 1 else 0.0, 1e-9)
     per_frame_t = lt if moving > 1e-5 * size else None
@@ -489,7 +679,9 @@ def load_fbx(
         "start_time_s": t0 / tps,
         "unit_scale_factor": unit_scale_factor,
         "scale": metres,
-        "source_units": f"{unit_scale_factor:g} cm",
+        "source_units": f"{unit_scale_factor:g} cm" if corrected is None else corrected["unit"],
+        "height_m": round(height * multiplier, 6),
+        "units_corrected": corrected,
         "folded_scale": [float(x) for x in folded_scale],
         "up_axis": up,
         "root": scene.names[root_idx],
@@ -507,8 +699,62 @@ def load_fbx(
         None if per_frame_t is None else per_frame_t.astype(dtype),
         metadata=meta,
     )
-    _warn_if_implausible(motion, p, unit_scale_factor)
+    if units == "file":
+        _warn_if_implausible(motion, p, unit_scale_factor)
     return motion
+
+
+def _standing_height(world_pos: dict, skeleton: list[int], root_idx: int, up: str, n_frames: int) -> float:
+    """Median over up to 32 frames spread over the take of the extent of the skeleton's nodes (root left
+    out, as for BVH) along the up axis, in scene units."""
+    rows = np.unique(np.linspace(0, n_frames - 1, min(n_frames, 32)).round().astype(np.int64))
+    axis = 1 if up == "y" else 2
+    nodes = [i for i in skeleton if i != root_idx] or [root_idx]
+    with np.errstate(invalid="ignore", over="ignore"):
+        up_pos = np.stack([np.broadcast_to(world_pos[i], (n_frames, 3))[rows, axis] for i in nodes], axis=1)
+        return float(np.median(up_pos.max(axis=1) - up_pos.min(axis=1)))
+
+
+def _unit_correction(height_m: float, num_nodes: int, metres: float, units: str, path) -> tuple[float, dict | None]:
+    """(multiplier on the declared metres per scene unit, the recorded correction or None)."""
+    lo, hi = FBX_PLAUSIBLE_HEIGHT_M
+    if units == "file" or num_nodes < _MOCAP_NODES or lo <= height_m <= hi:
+        return 1.0, None
+    from .bvh import BVH_LENGTH_UNITS, unit_from_standing_height
+
+    unit = unit_from_standing_height(height_m) if math.isfinite(height_m) else "m"
+    multiplier = BVH_LENGTH_UNITS[unit]
+    if unit == "m" or not lo <= height_m * multiplier <= hi:
+        raise FormatError(
+            f"the {num_nodes}-node skeleton stands {height_m:.3g} m tall with the file's declared unit "
+            f"({metres:g} m per scene unit) and no length unit makes it {lo:g} to {hi:g} m; pass scale= (metres per "
+            "declared metre) or units='file' to keep the declared unit",
+            path=path,
+            item="UnitScaleFactor",
+        )
+    reason = (
+        f"standing height {height_m:.4g} m with the declared unit is implausible for a {num_nodes}-node mocap "
+        f"skeleton; read as {unit} ({multiplier:.6g} m per declared metre): {height_m * multiplier:.4g} m"
+    )
+    return multiplier, {
+        "reason": reason,
+        "unit": unit,
+        "multiplier": multiplier,
+        "height_declared_m": round(height_m, 6),
+    }
+
+
+def _check_result(local_rotation: np.ndarray, local_translation: np.ndarray, path) -> None:
+    """What the reader returns is finite with unit quaternions (overflowing keys or transforms are refused)."""
+    if not np.isfinite(local_translation).all():
+        raise FormatError(
+            "node translations overflow to NaN or inf; expected finite positions", path=path, item="translation"
+        )
+    norm = np.linalg.norm(local_rotation, axis=-1)
+    if not (np.isfinite(norm).all() and np.abs(norm - 1.0).max(initial=0.0) < 1e-6):
+        raise FormatError(
+            "node rotations are not unit quaternions (NaN keys or degenerate transforms)", path=path, item="rotation"
+        )
 
 
 def _warn_if_implausible(motion, path, unit_scale_factor: float) -> None:

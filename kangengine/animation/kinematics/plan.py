@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import NonFiniteError
+
 __all__ = ["JointStep", "TreePlan", "tree_plan_from_rest", "STEP_DOFS"]
 
 # Velocity DOFs of each joint step kind (free: 3 translational then 3 rotational).
@@ -57,9 +59,31 @@ def tree_plan_from_rest(parents: Sequence[int], rest_positions, rest_rotations=N
         if rest_rotations is None
         else np.asarray(rest_rotations, dtype=np.float64).reshape(-1, 4)
     )
+    _check_finite_plan(rp, rr, steps)
     return TreePlan(
         parents=tuple(int(p) for p in parents),
         rest_positions=tuple(tuple(float(x) for x in row) for row in rp),
         rest_rotations=tuple(tuple(float(x) for x in row) for row in rr),
         steps=tuple(tuple(s) for s in steps) if steps is not None else tuple(() for _ in range(nb)),
     )
+
+
+def _check_finite_plan(rest_positions: np.ndarray, rest_rotations: np.ndarray, steps) -> None:
+    """Refuse NaN and infinity in what becomes the constants of the traced program (rest transforms, joint
+    axes, anchors and references), naming the body."""
+    for what, arr in (("rest position", rest_positions), ("rest rotation", rest_rotations)):
+        bad = ~np.isfinite(arr).all(axis=1)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise NonFiniteError(
+                f"{what} of body {b} is {arr[b].tolist()}; expected finite numbers", item=f"{what} of body {b}"
+            )
+    for b, body_steps in enumerate(steps or ()):
+        for s in body_steps:
+            values = (*s.axis, *s.anchor, s.ref)
+            if not all(np.isfinite(values)):
+                raise NonFiniteError(
+                    f"{s.kind} joint of body {b} has axis {s.axis}, anchor {s.anchor}, ref {s.ref}; expected finite "
+                    "numbers",
+                    item=f"joint step of body {b}",
+                )

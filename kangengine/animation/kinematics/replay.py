@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .trace import Trace
+from .trace import Trace, float_literal
 
 __all__ = ["CHUNK", "array_namespace", "compile_replay", "expand", "is_torch", "run_chunks", "soa", "torch_empty"]
 
@@ -30,7 +30,7 @@ def compile_replay(trace: Trace) -> Callable:
     lines = list(trace.lines)
     for out, b, values in trace.outputs:
         for k, c in enumerate(values):
-            value = repr(c) if isinstance(c, float) else str(c)
+            value = float_literal(c) if isinstance(c, float) else str(c)
             lines.append(f"{out}[s:e, {b}, {k}] = {value}")
     # Free every temporary right after its last use, as eager evaluation would: keeps the working set
     # in cache instead of holding thousands of chunk-sized arrays alive until the function returns.

@@ -14,12 +14,13 @@ The result is a :class:`Trace`; one program, executed by either strategy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .plan import TreePlan
 
-__all__ = ["Trace", "add", "mul", "sub", "trace_coordinates", "trace_joint_frames", "trace_skeleton"]
+__all__ = ["Trace", "add", "float_literal", "mul", "sub", "trace_coordinates", "trace_joint_frames", "trace_skeleton"]
 
 # -- component algebra ---------------------------------------------------------------------------------
 # A component is a Python float (a constant) or a 1-D array / tensor over frames (or a traced symbol).
@@ -138,6 +139,12 @@ class _Tracer:
 _OPNAMES = {"*": "mul", "+": "add", "-": "sub", "/": "div"}
 
 
+def float_literal(value: float) -> str:
+    """Python source for a float constant: ``repr`` when finite, ``float('inf')`` / ``float('nan')`` when not
+    (a folded product can overflow; ``repr`` would print the undefined names ``inf`` and ``nan``)."""
+    return repr(value) if math.isfinite(value) else f"float('{value!r}')"
+
+
 def _operand(x):
     return x if isinstance(x, float) else x.name
 
@@ -153,7 +160,7 @@ class _Sym:
         return self.name
 
     def _bin(self, op: str, other, reverse: bool = False) -> _Sym:
-        o = repr(other) if isinstance(other, float) else str(other)
+        o = float_literal(other) if isinstance(other, float) else str(other)
         a, b = (_operand(other), self.name) if reverse else (self.name, _operand(other))
         return self.tracer.emit(f"{o} {op} {self.name}" if reverse else f"{self.name} {op} {o}", (_OPNAMES[op], a, b))
 
