@@ -582,12 +582,51 @@ def test_real_stl_mass_properties_match_mujoco(tmp_path, mesh):
     np.testing.assert_allclose(body.inertia, inertia, rtol=0, atol=1e-8 * np.abs(inertia).max())
 
 
+def _write_ply(path: Path, tris: np.ndarray, *, binary: bool) -> None:
+    verts, inv = np.unique(tris.reshape(-1, 3), axis=0, return_inverse=True)
+    faces = inv.reshape(-1, 3)
+    fmt = "binary_big_endian" if binary else "ascii"
+    head = f"ply\nformat {fmt} 1.0\ncomment from an STL\nelement vertex {len(verts)}\nproperty double x\n"
+    head += f"property double y\nproperty double z\nproperty uchar red\nelement face {len(faces)}\n"
+    head += "property list uchar int vertex_indices\nend_header\n"
+    if binary:
+        rec = np.zeros(len(verts), dtype=[("p", ">f8", 3), ("red", "u1")])
+        rec["p"] = verts
+        frec = np.zeros(len(faces), dtype=[("n", "u1"), ("v", ">i4", 3)])
+        frec["n"], frec["v"] = 3, faces
+        path.write_bytes(head.encode() + rec.tobytes() + frec.tobytes())
+    else:
+        rows = [" ".join(repr(float(x)) for x in v) + " 9" for v in verts]
+        path.write_text(head + "\n".join(rows + ["3 " + " ".join(map(str, f)) for f in faces]) + "\n")
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["ascii", "binary"])
+def test_ply_meshes_integrate_like_mujoco(tmp_path, binary):
+    """The same real mesh written as PLY (ASCII, big-endian binary) gives MuJoCo's mass properties of the STL."""
+    src = data_file(f"{G1_MESHES}/waist_roll_link.STL")
+    _write_ply(tmp_path / "m.ply", ke.asset.load_triangle_mesh(src), binary=binary)
+    d = _arm_dict()
+    _only(d, density=700.0)
+    d["links"][1]["shapeFile"] = "m.ply"
+    body = bot_to_desc(load_bot(_write(tmp_path, d))).bodies[1]
+    m = mujoco.MjModel.from_xml_string(
+        f"""<mujoco><asset><mesh name="m" file="{src}" inertia="exact"/></asset><worldbody><body name="b">
+        <freejoint/><geom type="mesh" mesh="m" density="700"/></body></worldbody></mujoco>"""
+    )
+    assert body.mass == pytest.approx(m.body_mass[1], rel=1e-9)
+    np.testing.assert_allclose(body.com, m.body_ipos[1], atol=1e-12)
+
+
 def test_meshes_that_cannot_be_integrated_are_refused_clearly(tmp_path):
     d = _arm_dict()
     _only(d)
-    d["links"][1]["shapeFile"] = "l1.ply"
-    (tmp_path / "l1.ply").write_text("ply\n")
-    with pytest.raises(MassPropertiesError, match=r"'l1'.*cannot be integrated.*\.stl, \.obj, \.off"):
+    d["links"][1]["shapeFile"] = "l1.mochi.h5"
+    (tmp_path / "l1.mochi.h5").write_bytes(b"\x89HDF")
+    with pytest.raises(MassPropertiesError, match=r"'l1'.*cannot be integrated.*\.stl, \.obj, \.off, \.ply"):
+        bot_to_desc(load_bot(_write(tmp_path, d)))
+    d["links"][1]["shapeFile"] = "broken.ply"
+    (tmp_path / "broken.ply").write_text("ply\nformat ascii 1.0\nelement vertex 3\nend_header\n1 2\n")
+    with pytest.raises(MassPropertiesError, match="malformed .ply"):
         bot_to_desc(load_bot(_write(tmp_path, d)))
     # MuJoCo refuses this real mesh too ("faces of mesh have inconsistent orientation")
     shutil.copy(data_file(f"{G1_MESHES}/left_hip_pitch_link.STL"), tmp_path / "bad.STL")

@@ -11,7 +11,7 @@ cone). Friction ``viscous`` -> ``damping``, ``coulomb`` -> ``frictionloss``, joi
 overrides that disable contact become ``contact_exclusions``. A cycle's pivot (child link frame) is matched to
 the point of the parent link where it lies in the bot's zero pose. Mass properties follow the schema's five
 combinations; whatever is not explicit is integrated from the collision mesh (:mod:`kangengine.asset.mesh_inertia`:
-``.stl``, ``.obj``, ``.off``; other formats are refused with :class:`MassPropertiesError`): mass and COM and
+``.stl``, ``.obj``, ``.off``, ``.ply``; other formats are refused with :class:`MassPropertiesError`): mass and COM and
 inertia from the mesh at the density (default 1000 kg/m^3), or scaled to the given mass; with explicit COM and
 inertia and a density, only the mass (density times volume).
 

@@ -1,12 +1,13 @@
 """Mass properties of closed triangle meshes (uniform density), for bot links whose inertia comes from geometry.
 
-Reads ``.stl`` (binary or ASCII), ``.obj`` (``v``/``f`` records; polygons fan-triangulated) and ``.off``. The
+Reads ``.stl`` (binary or ASCII), ``.obj`` (``v``/``f`` records), ``.off`` and ``.ply`` (ASCII and binary, the
+``vertex`` ``x y z`` and ``face`` ``vertex_indices`` elements); polygons are fan-triangulated. The
 integrals are exact for the polyhedron: the mesh is split into signed tetrahedra against the origin and the
 volume, first moment and second moment ``C = integral of x x^T dV`` summed in closed form (for the tetrahedron
 ``0, a, b, c``: ``det[a b c] / 120 * (a a^T + b b^T + c c^T + s s^T)``, ``s = a + b + c``), vectorised over the
 triangles. A mesh with inward-facing triangles (negative total volume) is integrated with the sign flipped; a mesh
 whose volume is zero (flat) or whose triangles are inconsistently wound (a directed edge used twice, which
-MuJoCo's compiler refuses too) is refused; open edges are accepted. Other formats (``.ply``, ``.mochi.h5``,
+MuJoCo's compiler refuses too) is refused; open edges are accepted. Other formats (``.mochi.h5``, ``.mochi.json``,
 ``.glb``, ``.dae``) are refused with :class:`MeshError`: they are not read here.
 """
 
@@ -24,7 +25,7 @@ from ..errors import FileMissingError, FormatError
 
 __all__ = ["MeshError", "MeshMassProperties", "load_triangle_mesh", "mesh_mass_properties", "MESH_SUFFIXES"]
 
-MESH_SUFFIXES = (".stl", ".obj", ".off")
+MESH_SUFFIXES = (".stl", ".obj", ".off", ".ply")
 
 
 class MeshError(FormatError):
@@ -58,9 +59,11 @@ def load_triangle_mesh(path: str | os.PathLike) -> np.ndarray:
             tris = _stl(data)
         elif suffix == ".obj":
             tris = _obj(data.decode("utf-8", "replace"))
+        elif suffix == ".ply":
+            tris = _ply(data)
         else:
             tris = _off(data.decode("utf-8", "replace"))
-    except (ValueError, IndexError, struct.error) as exc:
+    except (ValueError, IndexError, KeyError, struct.error) as exc:
         raise MeshError(f"malformed {suffix} file ({exc})", path=path) from exc
     if tris.shape[0] == 0:
         raise MeshError("has no triangles", path=path)
@@ -135,6 +138,82 @@ def _check_orientation(tris: np.ndarray, path) -> None:
             f"the same way, e.g. {a.tolist()} -> {b.tolist()}); expected a consistently oriented mesh",
             path=path,
         )
+
+
+_PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2", "ushort": "u2",
+    "uint16": "u2", "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4", "float": "f4", "float32": "f4",
+    "double": "f8", "float64": "f8",
+}  # fmt: skip
+_STRUCT = {"i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i", "u4": "I", "f4": "f", "f8": "d"}
+
+
+def _ply_header(data: bytes):
+    end = data.find(b"end_header")
+    if not data.startswith(b"ply") or end < 0:
+        raise ValueError("no PLY header")
+    body = data.index(b"\n", end) + 1
+    fmt, elements = None, []
+    for line in data[:body].decode("ascii").splitlines():
+        p = line.split()
+        if p and p[0] == "format":
+            fmt = p[1]
+        elif p and p[0] == "element":
+            elements.append((p[1], int(p[2]), []))
+        elif p and p[0] == "property":
+            elements[-1][2].append((p[4], (p[2], p[3])) if p[1] == "list" else (p[2], p[1]))
+    if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
+        raise ValueError(f"unknown PLY format {fmt!r}")
+    return fmt, elements, body
+
+
+def _ply(data: bytes) -> np.ndarray:
+    fmt, elements, pos = _ply_header(data)
+    tokens = data[pos:].split() if fmt == "ascii" else None
+    pos = 0 if tokens is not None else pos  # a token index for ASCII, a byte offset for binary
+    end = "<" if fmt == "binary_little_endian" else ">"
+    values: dict[str, object] = {}
+    for name, count, props in elements:
+        if all(isinstance(t, str) for _n, t in props):  # fixed-size records: one vectorised read
+            if tokens is not None:
+                rows = np.array(tokens[pos : pos + count * len(props)], dtype=np.float64).reshape(count, len(props))
+                pos += count * len(props)
+                values[name] = {n: rows[:, k] for k, (n, _t) in enumerate(props)}
+            else:
+                dt = np.dtype([(n, end + _PLY_TYPES[t]) for n, t in props])
+                rec = np.frombuffer(data, dtype=dt, count=count, offset=pos)
+                pos += dt.itemsize * count
+                values[name] = {n: rec[n].astype(np.float64) for n, _t in props}
+        else:
+            values[name], pos = _ply_lists(data, tokens, pos, count, props, end)
+    v = values["vertex"]
+    verts = np.stack([v["x"], v["y"], v["z"]], axis=1)
+    faces = values["face"].get("vertex_indices", values["face"].get("vertex_index"))
+    return _fan(verts, faces)
+
+
+def _ply_lists(data, tokens, pos, count, props, end):
+    """Records with list properties, read one by one; returns {property: [values per record]}."""
+    out: dict[str, list] = {n: [] for n, _t in props}
+    for _ in range(count):
+        for n, t in props:
+            if tokens is not None:
+                k = int(tokens[pos]) if not isinstance(t, str) else 1
+                start = pos + (0 if isinstance(t, str) else 1)
+                item = [int(float(x)) for x in tokens[start : start + k]]
+                pos = start + k
+            elif isinstance(t, str):
+                code = end + _STRUCT[_PLY_TYPES[t]]
+                (x,) = struct.unpack_from(code, data, pos)
+                item, pos = [x], pos + struct.calcsize(code)
+            else:
+                code, each = end + _STRUCT[_PLY_TYPES[t[0]]], _STRUCT[_PLY_TYPES[t[1]]]
+                (k,) = struct.unpack_from(code, data, pos)
+                pos += struct.calcsize(code)
+                item = list(struct.unpack_from(f"{end}{k}{each}", data, pos))
+                pos += struct.calcsize(f"{end}{k}{each}")
+            out[n].append(item)
+    return out, pos
 
 
 def mesh_mass_properties(
