@@ -323,6 +323,32 @@ def test_nonfinite_world_is_frozen_others_continue(tmp_path):
     assert res.state.q[0, 2].item() < 0.5 and torch.isfinite(res.state.q[[0, 2]]).all()
 
 
+def test_diverging_worlds_are_frozen_at_the_first_step():
+    """The issue's cases on the MuJoCo humanoid (float64, unclamped drives): a world launched at qd = 1e30
+    (it used to be flagged only once its root was at 5e111 m), a world with an infinite position target,
+    one with a NaN feed-forward and one past the speed bound are all frozen by the first step at their
+    last state; the healthy worlds step exactly as they do alone (same batch size, neighbours replaced)."""
+    model = _humanoid(torch.float64)
+    sim = Simulator(model, dt=1 / 60, divergence_speed=50.0)
+    st = State.neutral(model, 6)
+    qd = st.qd.clone()
+    qd[1, 0] = 1e30
+    qd[4, 0] = 60.0  # the root at 60 m/s: past this simulator's bound of 50 (well in the default 1e4)
+    target, ff = st.q.clone(), torch.zeros_like(qd)
+    target[2, 9] = math.inf
+    ff[3, 10] = math.nan
+    res = sim.step(State(q=st.q, qd=qd, frozen=st.frozen), Control(q_target=target, tau_feedforward=ff))
+    assert res.nonfinite.tolist() == [False, True, True, True, True, False]
+    torch.testing.assert_close(res.state.q[1:5], st.q[1:5], rtol=0, atol=0)  # frozen at the last state
+    assert torch.isfinite(res.state.q).all() and res.state.q.abs().max() < 10
+    # the healthy worlds, with healthy neighbours instead: the same step
+    clean = sim.step(st, Control(q_target=st.q.clone(), tau_feedforward=torch.zeros_like(qd)))
+    torch.testing.assert_close(res.state.q[[0, 5]], clean.state.q[[0, 5]], rtol=0, atol=0)
+    assert not clean.nonfinite.any() and Simulator(model, dt=1 / 60).divergence_speed == 1e4
+    with pytest.raises(ValueError, match="divergence"):
+        Simulator(model, dt=1 / 60, divergence_distance=0.0)
+
+
 def test_contact_points_match_mujoco_geoms_and_filter():
     path = data_file("mjcf/mujoco/humanoid.xml")
     desc = MJCFLoader.load(path)

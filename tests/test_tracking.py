@@ -329,3 +329,88 @@ def test_cuda_matches_cpu(cmu_desc, walk):
     b = ke.sim.track(gpu, [clip], settings=WALK_SETTINGS)
     np.testing.assert_allclose(a.body_error_mean, b.body_error_mean, atol=1e-4)
     np.testing.assert_allclose(a.residual_force, b.residual_force, rtol=1e-6, atol=1e-6)
+
+
+def _finite_json(path):
+    """The report at ``path``, parsed so that any NaN or infinity in the file fails."""
+
+    def refuse(token):
+        raise AssertionError(f"{path}: non-finite number {token} in the report")
+
+    return json.loads(open(path).read(), parse_constant=refuse)
+
+
+def test_diverging_clip_is_rejected_and_the_others_reports_are_byte_identical(model, walk, tmp_path):
+    """A clip whose knee target jumps by 1e8 rad makes its world diverge: that clip is rejected with
+    ``diverged`` first, its report stays finite and covers only the frames before; the other clips of the
+    batch give byte-identical reports with and without it (and wherever they sit in the batch)."""
+    a, b = walk[:90], walk[30:100]
+    q = walk.q[:80].copy()
+    q[40:, 10] += 1e8
+    bad = ke.animation.ArticulationMotion(q, walk.qd[:80], walk.fps(), walk.layout_signature)
+    alone = ke.pipelines.validate(
+        model, {"a": a, "b": b}, out_dir=tmp_path / "alone", settings=WALK_SETTINGS, plots=False
+    )
+    mixed = ke.pipelines.validate(
+        model, {"a": a, "bad": bad, "b": b}, out_dir=tmp_path / "mixed", settings=WALK_SETTINGS, plots=False
+    )
+    for name in ("a", "b"):
+        assert (tmp_path / "alone" / f"{name}.json").read_bytes() == (tmp_path / "mixed" / f"{name}.json").read_bytes()
+        assert alone.report(name).verdict is Verdict.OK
+    rep = mixed.report("bad")
+    assert rep.verdict is Verdict.REJECT and rep.reason_codes[0] == "diverged", rep.reason_codes
+    d = _finite_json(tmp_path / "mixed" / "bad.json")
+    m = d["metrics"]
+    assert m["diverged"] is True and 0 < m["diverged_at_s"] < bad.duration
+    assert 0 < m["simulated_fraction"] < 0.6 and m["body_error_peak_m"] < 1.0  # nothing from after it
+    # in the result: the diverged world stopped; what was simulated before it is finite
+    res = ke.sim.track(model, [bad, a], settings=WALK_SETTINGS, names=["bad", "a"])
+    assert res.diverged.tolist() == [True, False]
+    n = int(res.stop_step[0]) + 1
+    assert res.simulated[0, :n].all() and not res.simulated[0, n:].any()
+    assert np.isfinite(res.body_error).all() and res.body_error_mean[0].max() < 1.0
+    # clips in another order and company: bit-identical per clip (batch-invariant stepping)
+    res2 = ke.sim.track(model, [b, a], settings=WALK_SETTINGS, names=["b", "a"])
+    k = int(res.clip_step_count[1])
+    np.testing.assert_array_equal(res.body_error[1, :k], res2.body_error[1, :k])
+    np.testing.assert_array_equal(res.effort_ratio[1, :k], res2.effort_ratio[1, :k])
+
+
+def test_fallen_clip_stops_early_and_frees_its_world(model, walk, layout, tmp_path):
+    """A pose hovering 1 m above the ground for 10 s: the tracker falls within half a second and its world
+    stops there. Measured in simulator steps it costs under 5% of simulating the whole clip (one step per
+    frame after the first, as the walk that does not fall shows); with one world, the next clip takes the
+    freed world, and its report is byte-identical to validating it alone. The report still covers the
+    whole clip."""
+    q = np.repeat(walk.q[:1], 601, axis=0)
+    q[:, 2] += 1.0
+    hover = ke.animation.ArticulationMotion(q, np.zeros((601, layout.nv)), 60.0, layout.model_signature)
+    stop = ke.sim.track(model, [hover])
+    steps = int(stop.clip_step_count[0])
+    assert steps == 601  # simulating the whole clip takes steps - 1 = 600 (checked on the walk below)
+    assert int(stop.step_count[0]) < 0.05 * (steps - 1), stop.step_count
+    fell = int(stop.fell_step[0])
+    assert 0 < fell == int(stop.stop_step[0]) and stop.simulated[0].sum() == fell + 1
+    # the frames after the fall keep the fallen state: the reference is still measured against it
+    assert stop.valid[0].all() and (stop.body_error_mean[0, fell:] >= stop.body_error_mean[0, fell] - 1e-6).all()
+    crop = walk[:60]
+    one = ke.pipelines.validate(
+        model,
+        {"hover": hover, "walk": crop},
+        out_dir=tmp_path / "one",
+        settings=WALK_SETTINGS,
+        batch_size=1,
+        plots=False,
+    )
+    ke.pipelines.validate(model, {"walk": crop}, out_dir=tmp_path / "alone", settings=WALK_SETTINGS, plots=False)
+    assert (tmp_path / "one" / "walk.json").read_bytes() == (tmp_path / "alone" / "walk.json").read_bytes()
+    walk_m = one.report("walk").metrics
+    assert walk_m["simulator_steps"] == walk_m["steps"] - 1 and walk_m["simulated_fraction"] == 1.0
+    rep = one.report("hover")
+    assert rep.verdict is Verdict.REJECT and "fell" in rep.reason_codes
+    m = _finite_json(tmp_path / "one" / "hover.json")["metrics"]
+    assert m["duration_s"] == pytest.approx(10.0) and m["steps"] == 601
+    assert m["fell_at_s"] == pytest.approx(m["simulated_until_s"]) and m["fell_at_s"] < 0.5
+    assert m["simulated_fraction"] < 0.05 and m["simulator_steps"] < 30
+    assert m["longest_airborne_s"] == pytest.approx(10.0, abs=0.02)  # the reference is judged in full
+    assert "simulated up to" in next(r.message for r in rep.reasons if r.code == "fell")

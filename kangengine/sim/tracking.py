@@ -37,7 +37,10 @@ How a reference becomes controls (all batched over the clips' frames, once, befo
    validation report.
 
 Per step, only tensors are gathered (one reference row per world by index), so there is no Python loop
-over clips, and no host-device synchronisation: the same code runs on CPU and CUDA.
+over clips: the same code runs on CPU and CUDA. The worlds are slots (``num_worlds``): a world whose clip
+ends, whose tracker falls (``early_stop``) or whose simulation diverges stops and takes the next clip, or
+leaves the batch; that bookkeeping reads one boolean per step from the device. Each clip's result does not
+depend on its batch (``batch_invariant``), so a bad clip never changes another's numbers.
 """
 
 from __future__ import annotations
@@ -865,9 +868,7 @@ class _Slots:
     @staticmethod
     def cat(a: _Slots, b: _Slots) -> _Slots:
         sa, sb = a.state, b.state
-        state = State(
-            q=torch.cat([sa.q, sb.q]), qd=torch.cat([sa.qd, sb.qd]), frozen=torch.cat([sa.frozen, sb.frozen])
-        )
+        state = State(q=torch.cat([sa.q, sb.q]), qd=torch.cat([sa.qd, sb.qd]), frozen=torch.cat([sa.frozen, sb.frozen]))
         return _Slots(
             clip=torch.cat([a.clip, b.clip]),
             k=torch.cat([a.k, b.k]),
