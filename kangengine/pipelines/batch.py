@@ -378,13 +378,18 @@ def run_tasks(
     Raises:
         KeyboardInterrupt: after the workers were stopped (the results handed over so far are kept).
     """
-    if workers <= 1 or len(tasks) <= 1:
-        set_threads(threads)
-        if initializer is not None:
-            initializer(*initargs)
-        for t in tasks:
-            on_result(fn(*t))
-        return
+    with _deferred_interrupts() as guard:
+        if workers <= 1 or len(tasks) <= 1:
+            set_threads(threads)
+            if initializer is not None:
+                initializer(*initargs)
+            for t in tasks:
+                guard.record(on_result, fn(*t))
+            return
+        _run_pool(fn, tasks, workers, threads, initializer, initargs, lambda r: guard.record(on_result, r))
+
+
+def _run_pool(fn, tasks, workers, threads, initializer, initargs, on_result) -> None:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -406,3 +411,35 @@ def run_tasks(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+class _deferred_interrupts:
+    """Ctrl-C raises ``KeyboardInterrupt`` at once, except while a result is being recorded (manifest line,
+    summary): then it is raised just after, so the manifest and the count of finished clips agree."""
+
+    def __enter__(self):
+        self.pending = self.recording = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.recording:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def record(self, on_result, result) -> None:
+        self.recording = True
+        try:
+            on_result(result)
+        finally:
+            self.recording = False
+        if self.pending:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
