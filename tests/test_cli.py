@@ -381,3 +381,20 @@ def test_settings_file_with_an_unknown_key_is_refused_naming_the_valid_ones(tree
     bad.write_text(json.dumps({"tracking": {"dt": -1.0}}))  # a value the dataclass refuses
     assert main(args) == 2 and "dt" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_every_flag_of_the_parser_is_on_the_cli_page():
+    import argparse
+
+    page = (REPO / "docs" / "cli.md").read_text()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == sorted(SUBCOMMANDS)
+    missing = [
+        (name, flag)
+        for name, parser in sub.choices.items()
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS
+        for flag in action.option_strings
+        if flag not in ("-h", "--help") and f"`{flag}`" not in page
+    ]
+    assert not missing and all(f"`kangengine {name}" in page for name in SUBCOMMANDS), missing
