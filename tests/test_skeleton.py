@@ -15,6 +15,7 @@ from kangengine.asset import MJCFLoader
 from kangengine.errors import (
     DuplicateNameError,
     FormatError,
+    KangEngineError,
     NonFiniteError,
     ShapeError,
     TopologyError,
@@ -185,3 +186,118 @@ def test_bad_inputs():
         SkeletonMotion(tree, np.zeros((3, 3)), lr, 0)
     with pytest.raises(ShapeError, match="zero frames"):
         SkeletonMotion(tree, np.zeros((0, 3)), lr[:0], 30)
+
+
+# -- issue 17: the npz reader checks what it reads and reads only what it needs ------------------------------
+
+
+def _saved(tmp_path, name="m.npz"):
+    motion, _ = _spin_motion(frames=20)
+    path = tmp_path / name
+    motion.save_npz(path)
+    return motion, path, dict(np.load(path))
+
+
+def _peak(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        out = fn()
+    except Exception as exc:
+        out = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return out, peak
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("fps", np.array("fast"), "expected a number"),
+        ("fps", np.array([30.0, 60.0]), "expected one value"),
+        ("fps", np.array(np.inf), "finite"),
+        ("fps", np.array(0.0), "fps"),
+        ("metadata_json", np.array("{"), "not valid JSON"),
+        ("metadata_json", np.array("[" * 100_000), "not valid JSON"),  # RecursionError in json
+        ("metadata_json", np.array("[1, 2]"), "expected dict"),
+        ("metadata_json", np.array(b"\xff"), "expected text"),
+        ("format", np.array(3), "expected text"),
+        ("node_names", np.array("hips"), "expected 1 dimensions"),
+        ("parent_indices", np.array([-1.0, 0.5, 1, 0, 3]), "expected integers"),
+        ("tree_local_translation", np.full((5, 3), "x"), "expected floats"),
+        ("root_translation", np.full((20, 3), np.nan), "NaN"),
+        ("local_rotation_wxyz", np.zeros((20, 5, 4)), "norm 0"),
+    ],
+)
+def test_npz_values_are_checked_and_named(tmp_path, key, value, expected):
+    _, _, arrays = _saved(tmp_path)
+    arrays[key] = value
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(KangEngineError) as info:
+        SkeletonMotion.load_npz(bad)
+    msg = str(info.value)
+    assert str(bad) in msg and key in msg and expected in msg, msg
+
+
+def test_npz_quaternions_slightly_off_are_normalised_with_a_note(tmp_path):
+    motion, _, arrays = _saved(tmp_path)
+    arrays["local_rotation_wxyz"] = arrays["local_rotation_wxyz"] * 1.0004
+    p = tmp_path / "scaled.npz"
+    np.savez(p, **arrays)
+    back = SkeletonMotion.load_npz(p)
+    np.testing.assert_allclose(back.local_rotation, motion.local_rotation, atol=1e-12)
+    assert "0.0004" in back.metadata["quaternions_normalised"]
+    arrays["local_rotation_wxyz"] = arrays["local_rotation_wxyz"] * 1.01
+    np.savez(p, **arrays)
+    with pytest.raises(FormatError, match=r"norm 1\.01"):
+        SkeletonMotion.load_npz(p)
+
+
+def test_random_bytes_are_not_an_npz_file(tmp_path):
+    p = tmp_path / "noise.npz"
+    p.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(FormatError) as info:
+        SkeletonMotion.load_npz(p)
+    assert "not an npz file" in str(info.value) and "pickle" not in str(info.value) and str(p) in str(info.value)
+
+
+def test_npz_reads_only_the_members_it_needs(tmp_path):
+    motion, path, arrays = _saved(tmp_path)
+    arrays["unrelated_cache"] = np.zeros(4_000_000)  # 32 MB nobody asked for
+    big = tmp_path / "big.npz"
+    np.savez(big, **arrays)
+    out, peak = _peak(lambda: SkeletonMotion.load_npz(big))
+    assert isinstance(out, SkeletonMotion) and out.num_frames == 20
+    assert peak < 2 << 20, peak  # before: every member was read (32 MB)
+
+
+def test_npz_member_header_claims_are_capped_by_the_file_size(tmp_path):
+    import io
+    import zipfile
+
+    _, path, arrays = _saved(tmp_path)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": (250_000_000, 5, 4)})
+    members = {k: v for k, v in arrays.items() if k != "local_rotation_wxyz"}
+    p = tmp_path / "claim.npz"
+    with zipfile.ZipFile(p, "w") as z:
+        for k, v in members.items():
+            f = io.BytesIO()
+            np.lib.format.write_array(f, v)
+            z.writestr(k + ".npy", f.getvalue())
+        z.writestr("local_rotation_wxyz.npy", head.getvalue() + b"\0" * 640)
+    out, peak = _peak(lambda: SkeletonMotion.load_npz(p))
+    assert isinstance(out, FormatError) and "local_rotation_wxyz" in str(out) and "40000000000 bytes" in str(out)
+    assert peak < 2 << 20, peak
+    # a zip directory entry claiming more stored bytes than the file has
+    raw = bytearray(path.read_bytes())
+    cd = raw.rfind(b"PK\x01\x02")  # the last central-directory entry; its compressed size is at +20
+    raw[cd + 20 : cd + 24] = (2**31).to_bytes(4, "little")
+    raw[cd + 24 : cd + 28] = (2**31).to_bytes(4, "little")
+    p.write_bytes(bytes(raw))
+    out, peak = _peak(lambda: SkeletonMotion.load_npz(p))
+    assert isinstance(out, FormatError) and str(p) in str(out), out
+    assert peak < 2 << 20, peak
