@@ -2,8 +2,23 @@
 
 :mod:`.skeleton`: skeleton-to-skeleton retargeting by T-pose (joint map, rotation offset, scale, ground fix),
 with named configurations shipped in ``configs/`` (:func:`load_retarget_config`, :func:`list_retarget_configs`).
+
+:mod:`.robot`: human -> robot retargeting, the whole clip at once (batched Gauss-Newton IK in torch, contact-
+correct feet, per-clip metrics): :func:`retarget_to_robot`, configured by :class:`RobotRetargetConfig`
+(:func:`load_robot_config`, :func:`list_robot_configs`).
 """
 
+from .robot import RobotRetargetResult, retarget_to_robot
+from .robot_config import (
+    BodyCorrespondence,
+    ContactOptions,
+    FootSpec,
+    HeadingAlignment,
+    RobotRetargetConfig,
+    SolverOptions,
+    list_robot_configs,
+    load_robot_config,
+)
 from .skeleton import (
     GroundFix,
     GroundReference,
@@ -28,4 +43,14 @@ __all__ = [
     "make_tpose",
     "load_retarget_config",
     "list_retarget_configs",
+    "RobotRetargetConfig",
+    "RobotRetargetResult",
+    "BodyCorrespondence",
+    "FootSpec",
+    "ContactOptions",
+    "SolverOptions",
+    "HeadingAlignment",
+    "retarget_to_robot",
+    "load_robot_config",
+    "list_robot_configs",
 ]

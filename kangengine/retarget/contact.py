@@ -1,0 +1,188 @@
+"""Contact phases of a source foot and the held sole targets of the robot foot (numpy, vectorised over frames).
+
+A foot is in contact while its heel or toe joint is close to its own standing height (its 5th-percentile
+height over the clip) and slow. Phases shorter than ``min_phase_s`` are dropped and gaps shorter than that
+are closed. During a phase the robot foot is held at one place: its origin at the mean horizontal position
+the source asks for, its sole (the configuration's sole points) flat on the ground, turned to the mean
+heading of the source foot over the phase. Around a phase the targets follow the source's own motion from
+the held place and their weight ramps smoothly over ``blend_s``, so the foot is put down and lifted smoothly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ContactPhases", "detect_contact", "contact_phases", "held_sole_targets", "phase_slide"]
+
+
+@dataclass(frozen=True)
+class ContactPhases:
+    """Contact of one foot over a clip.
+
+    Attributes:
+        in_contact: ``[frames] bool``.
+        phase_id: ``[frames] int64``: the phase a frame belongs to, -1 outside phases.
+        starts, ends: ``[phases] int64`` first frame and one past the last frame of each phase.
+    """
+
+    in_contact: np.ndarray
+    phase_id: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @property
+    def num_phases(self) -> int:
+        return int(self.starts.shape[0])
+
+
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, ends)`` of the runs of True in a ``[frames]`` bool array."""
+    m = np.concatenate(([False], mask.astype(bool), [False]))
+    d = np.diff(m.astype(np.int8))
+    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+
+
+def _fill_runs(mask: np.ndarray, starts, ends, value: bool) -> np.ndarray:
+    out = mask.copy()
+    if len(starts):
+        delta = np.zeros(mask.shape[0] + 1, dtype=np.int64)
+        np.add.at(delta, starts, 1)
+        np.add.at(delta, ends, -1)
+        sel = np.cumsum(delta[:-1]) > 0
+        out[sel] = value
+    return out
+
+
+def detect_contact(heel_world, toe_world, fps: float, *, height_threshold: float, speed_threshold: float):
+    """``[frames] bool``: the foot is down (heel or toe low and slow).
+
+    Args:
+        heel_world: ``[frames, 3]`` m, world positions of the heel (ankle) joint, Z up.
+        toe_world: ``[frames, 3]`` m or ``None``.
+        fps: frames per second.
+        height_threshold: m above the joint's 5th-percentile height.
+        speed_threshold: m/s, horizontal speed.
+    """
+    down = np.zeros(heel_world.shape[0], dtype=bool)
+    for p in (heel_world, toe_world):
+        if p is None:
+            continue
+        p = np.asarray(p, dtype=np.float64)
+        h = p[:, 2] - np.percentile(p[:, 2], 5.0)
+        v = np.gradient(p[:, :2], axis=0) * fps if p.shape[0] > 1 else np.zeros((1, 2))
+        down |= (h < height_threshold) & (np.linalg.norm(v, axis=-1) < speed_threshold)
+    return down
+
+
+def contact_phases(in_contact: np.ndarray, min_frames: int) -> ContactPhases:
+    """Clean a contact mask (close gaps and drop phases shorter than ``min_frames``) and number its phases."""
+    m = np.asarray(in_contact, dtype=bool)
+    n = m.shape[0]
+    s, e = _runs(~m)
+    short = (e - s) < min_frames
+    inner = (s > 0) & (e < n)  # gaps inside the clip only
+    m = _fill_runs(m, s[short & inner], e[short & inner], True)
+    s, e = _runs(m)
+    short = (e - s) < min_frames
+    m = _fill_runs(m, s[short], e[short], False)
+    s, e = _runs(m)
+    pid = np.full(n, -1, dtype=np.int64)
+    if len(s):
+        delta = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(delta, s, 1)
+        np.add.at(delta, e, -1)
+        inside = np.cumsum(delta[:-1]) > 0
+        pid[inside] = np.cumsum(np.isin(np.arange(n), s))[inside] - 1
+    return ContactPhases(m, pid, s.astype(np.int64), e.astype(np.int64))
+
+
+def _nearest_contact(phases: ContactPhases) -> tuple[np.ndarray, np.ndarray]:
+    """``(frame [frames], distance in frames [frames])``: the nearest contact frame (0, inf without phases)."""
+    n = phases.in_contact.shape[0]
+    idx = np.arange(n)
+    if phases.num_phases == 0:
+        return np.zeros(n, dtype=np.int64), np.full(n, np.inf)
+    prev = np.maximum.accumulate(np.where(phases.in_contact, idx, -1))
+    nxt = np.minimum.accumulate(np.where(phases.in_contact, idx, 2 * n)[::-1])[::-1]
+    d_prev = np.where(prev >= 0, idx - prev, np.inf)
+    d_next = np.where(nxt < n, nxt - idx, np.inf)
+    near = np.where(d_prev <= d_next, prev, nxt).clip(0, n - 1)
+    return near, np.minimum(d_prev, d_next)
+
+
+def held_sole_targets(
+    phases: ContactPhases,
+    heel_world,
+    toe_world,
+    foot_forward_world,
+    sole_points_foot,
+    *,
+    ground: float,
+    blend_frames: float,
+):
+    """Sole targets of the robot foot held at one place per phase, and their weights.
+
+    Inside a phase every sole point is at its held place (flat on the floor). Around a phase (``blend_frames``
+    before and after) a point keeps its offset from the held place and moves with the source: the rear
+    points (``x < 0`` in the foot frame) with the heel, the others with the toe, never below the floor; the
+    weight ramps linearly from 1 at the phase to 0. The foot is put down and lifted where it stood.
+
+    Args:
+        phases: the foot's :class:`ContactPhases`.
+        heel_world: ``[frames, 3]`` m, where the source puts the robot foot origin (its heel/ankle).
+        toe_world: ``[frames, 3]`` m, the source toe (``None``: the heel moves the whole sole).
+        foot_forward_world: ``[frames, 3]`` the source foot's forward direction (heel to toe), world.
+        sole_points_foot: ``[points, 3]`` m, the sole in the foot frame.
+        ground: m, floor height.
+        blend_frames: ramp length of the weight outside a phase.
+    Returns:
+        ``(targets [frames, points, 3] m world, weight [frames] in [0, 1])``.
+    """
+    n = heel_world.shape[0]
+    sole = np.asarray(sole_points_foot, dtype=np.float64)
+    if phases.num_phases == 0:
+        return np.zeros((n, sole.shape[0], 3)), np.zeros(n)
+    k = phases.num_phases
+    pid = phases.phase_id
+    inside = pid >= 0
+    cnt = np.bincount(pid[inside], minlength=k).astype(np.float64).clip(1.0)
+    origin = np.stack([np.bincount(pid[inside], heel_world[inside, i], minlength=k) for i in range(3)], -1)
+    origin /= cnt[:, None]
+    fwd = np.stack([np.bincount(pid[inside], foot_forward_world[inside, i], minlength=k) for i in range(2)], -1)
+    yaw = np.arctan2(fwd[:, 1], fwd[:, 0])
+    origin[:, 2] = ground - sole[:, 2].min()  # flat sole on the floor
+    near, dist = _nearest_contact(phases)
+    p = pid[near]
+    ramp = np.clip(1.0 - dist / max(blend_frames, 1.0), 0.0, 1.0)
+    weight = np.where(inside, 1.0, ramp * ramp * (3.0 - 2.0 * ramp))  # smoothstep: no kink where it starts
+    c, s = np.cos(yaw[p]), np.sin(yaw[p])
+    rx = c[:, None] * sole[None, :, 0] - s[:, None] * sole[None, :, 1]
+    ry = s[:, None] * sole[None, :, 0] + c[:, None] * sole[None, :, 1]
+    held = np.stack([rx, ry, np.broadcast_to(sole[None, :, 2], rx.shape)], -1) + origin[p][:, None, :]
+    # outside a phase: the source's own motion since (or until) the nearest contact frame
+    heel_move = heel_world - heel_world[near]
+    toe_move = heel_move if toe_world is None else toe_world - toe_world[near]
+    move = np.where((sole[:, 0] < 0)[None, :, None], heel_move[:, None, :], toe_move[:, None, :])
+    targets = held + np.where(inside[:, None, None], 0.0, move)
+    targets[..., 2] = np.maximum(targets[..., 2], held[..., 2])
+    return targets, weight
+
+
+def phase_slide(phases: ContactPhases, points_world) -> np.ndarray:
+    """``[phases]`` m: the largest horizontal distance a point moves from where it was at the phase's first frame.
+
+    Args:
+        points_world: ``[frames, 3]`` m.
+    """
+    if phases.num_phases == 0:
+        return np.zeros(0)
+    pid = phases.phase_id
+    inside = pid >= 0
+    start_xy = points_world[phases.starts, :2]
+    d = np.zeros(points_world.shape[0])
+    d[inside] = np.linalg.norm(points_world[inside, :2] - start_xy[pid[inside]], axis=-1)
+    out = np.zeros(phases.num_phases)
+    np.maximum.at(out, pid[inside], d[inside])
+    return out

@@ -1,0 +1,463 @@
+"""Human -> robot retargeting: :func:`retarget_to_robot` (whole clip, batched IK, contact-correct feet).
+
+Steps (all vectorised over frames):
+
+1. the source motion is turned into the robot's world (``source_to_robot_rotation_wxyz``); leading outlier
+   frames (the T-pose frame cgspeed files start with: a jump far larger than the clip's frame-to-frame
+   motion) are dropped and recorded; with ``heading_alignment.mode == "initial"`` the clip is turned to start
+   facing +X above the origin;
+2. key-body targets: the source bodies scaled about the root (``scale``), the floor of the source (its lowest
+   points) put at ``ground_height``;
+3. contact phases per foot from the source heel/toe heights and speeds (:mod:`.contact`); in a phase the
+   robot sole is held flat on the floor at one place; the foot's key targets are lowered by the difference
+   of ankle heights (human vs robot) so swing and stance agree;
+4. the whole clip is solved by damped Gauss-Newton with analytic Jacobians (:mod:`.solver`), warm-started
+   from the source root and heading (robust to any initial heading);
+5. any collision point left below the floor lifts the root by that much (recorded), velocities by
+   central differences on the manifold, and the metrics of :mod:`.robot_metrics`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import rotations as R
+from ..animation.motion import ArticulationMotion
+from ..animation.skeleton import SkeletonMotion, SkeletonState
+from ..errors import FormatError, ShapeError
+from .contact import ContactPhases, contact_phases, detect_contact, held_sole_targets
+from .robot_config import RobotRetargetConfig, load_robot_config, load_robot_model, resolve_source_name
+from .robot_metrics import robot_retarget_metrics
+from .solver import IKTasks, robot_dof_tables, solve_clip
+
+__all__ = ["RobotRetargetResult", "retarget_to_robot"]
+
+
+@dataclass(frozen=True)
+class RobotRetargetResult:
+    """What :func:`retarget_to_robot` returns.
+
+    Attributes:
+        motion: :class:`~kangengine.animation.ArticulationMotion`, ``q [frames, nq]`` and ``qd [frames, nv]``
+            float32 in the robot's canonical layout (free root), at the source fps.
+        metrics: JSON-ready dict (see :func:`~kangengine.retarget.robot_metrics.robot_retarget_metrics`).
+        task_errors: ``[frames, tasks] float32`` m, distance of each key-body task point from its target.
+        task_names: ``[tasks]`` ``"robot_body<-source_body"``.
+        contact: ``[frames, feet] bool``: the source foot is in a contact phase.
+        source_frames: ``[frames] int64`` the source frame each output frame comes from.
+        layout: the robot's :class:`~kangengine.animation.ArticulationCoordinateLayout`.
+    """
+
+    motion: ArticulationMotion
+    metrics: dict
+    task_errors: np.ndarray
+    task_names: tuple[str, ...]
+    contact: np.ndarray
+    source_frames: np.ndarray
+    layout: object
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source after rotation, trimming and heading alignment (numpy float64)."""
+
+    pos: np.ndarray  # [N, J, 3] m world
+    rot: np.ndarray  # [N, J, 4] world_from_joint
+    rest_pos: np.ndarray  # [J, 3]
+    rest_rot: np.ndarray  # [J, 4]
+    names: tuple[str, ...]
+    kept: np.ndarray  # [N] source frame indices
+    heading: np.ndarray  # [N] rad, yaw of the facing direction
+    fps: float
+
+
+def _leading_outliers(pos: np.ndarray) -> int:
+    """Number of leading frames to drop: frames before a jump > max(10 x median jump, 0.1 m) in the first 5."""
+    if pos.shape[0] < 4:
+        return 0
+    jump = np.linalg.norm(np.diff(pos, axis=0), axis=-1).max(-1)  # [N-1]
+    thr = max(10.0 * float(np.median(jump)), 0.1)
+    bad = np.flatnonzero(jump[:5] > thr)
+    return int(bad[-1]) + 1 if bad.size else 0
+
+
+def _heading(pos, left, right) -> np.ndarray:
+    lr = (pos[:, left] - pos[:, right]).mean(1)  # [N, 3]
+    fwd = np.stack([lr[:, 1], -lr[:, 0]], -1)  # (left x up) in the horizontal plane
+    return np.arctan2(fwd[:, 1], fwd[:, 0])
+
+
+def _yaw_quat(yaw) -> np.ndarray:
+    yaw = np.asarray(yaw, dtype=np.float64)
+    return np.stack([np.cos(yaw / 2), np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2)], -1)
+
+
+def _prepare_source(motion: SkeletonMotion, cfg: RobotRetargetConfig, path) -> _Source:
+    m = motion.numpy()
+    if not isinstance(m, SkeletonMotion) or m.num_frames < 2:
+        raise ShapeError("expected a SkeletonMotion of at least 2 frames", item="motion")
+    names = tuple(m.tree.node_names)
+    q = np.asarray(cfg.source_to_robot_rotation_wxyz, dtype=np.float64)
+    pos = R.quat_rotate(q, np.asarray(m.global_translation, dtype=np.float64))
+    rot = R.quat_multiply(q, np.asarray(m.global_rotation, dtype=np.float64))
+    rest = SkeletonState.zero_pose(m.tree)
+    rest_pos = R.quat_rotate(q, np.asarray(rest.global_translation, dtype=np.float64))
+    rest_rot = R.quat_multiply(q, np.asarray(rest.global_rotation, dtype=np.float64))
+    drop = _leading_outliers(pos)
+    kept = np.arange(drop, pos.shape[0])
+    pos, rot = pos[drop:], rot[drop:]
+    ha = cfg.heading_alignment
+    left = [resolve_source_name(s, names, item="heading_alignment.left", path=path) for s in ha.left]
+    right = [resolve_source_name(s, names, item="heading_alignment.right", path=path) for s in ha.right]
+    heading = _heading(pos, left, right)
+    if ha.mode == "initial":
+        turn = _yaw_quat(-heading[0])
+        origin = np.array([pos[0, 0, 0], pos[0, 0, 1], 0.0])
+        pos = R.quat_rotate(turn, pos - origin)
+        rot = R.quat_multiply(turn, rot)
+        heading = heading - heading[0]
+    return _Source(pos, rot, rest_pos, rest_rot, names, kept, heading, float(m.fps))
+
+
+def _robot_neutral(layout):
+    from ..animation.layout import forward_kinematics
+
+    q0 = layout.neutral()
+    p, r = forward_kinematics(layout, q0[None])
+    return q0, p[0], r[0]
+
+
+def _leg_lengths(cfg, layout, src: _Source, ground_src: float, path) -> tuple[float, float]:
+    """``(robot, source)`` leg length (m): straight root-to-heel distance in the rest pose plus the heel's
+    height above the floor (robot: above its sole points; source: its 5th-percentile height in the clip),
+    averaged over the feet."""
+    _, npos, _ = _robot_neutral(layout)
+    robot, source = [], []
+    for i, f in enumerate(cfg.feet):
+        b = layout.body_index(f.robot)
+        robot.append(np.linalg.norm(npos[b] - npos[0]) - min(p[2] for p in f.sole_points))
+        j = resolve_source_name(f.source_heel, src.names, item=f"feet[{i}].source_heel", path=path)
+        heel_h = float(np.percentile(src.pos[:, j, 2], 5.0)) - ground_src
+        source.append(np.linalg.norm(src.rest_pos[j] - src.rest_pos[0]) + heel_h)
+    return float(np.mean(robot)), float(np.mean(source))
+
+
+def _scale_of(cfg, layout, src: _Source, ground_src: float, path) -> tuple[float, np.ndarray]:
+    """``(default scale, per-body scale [bodies])``; ``"auto"``: the ratio of the leg lengths."""
+    sc = cfg.scale
+    default = sc["default"] if isinstance(sc, dict) else sc
+    if default == "auto":
+        if not cfg.feet:
+            raise FormatError("is 'auto' but the configuration has no feet to measure legs by", path=path, item="scale")
+        robot_leg, source_leg = _leg_lengths(cfg, layout, src, ground_src, path)
+        default = robot_leg / source_leg
+    per_body = np.full(layout.num_bodies, float(default))
+    if isinstance(sc, dict):
+        for name, v in sc.get("bodies", {}).items():
+            per_body[layout.body_index(name)] = v
+    return float(default), per_body
+
+
+@dataclass(frozen=True)
+class _Targets:
+    key_body: np.ndarray  # [K] robot body
+    key_offset: np.ndarray  # [K, 3]
+    key_target: np.ndarray  # [N, K, 3]
+    key_weight: np.ndarray  # [N, K]
+    key_names: tuple[str, ...]
+    orient_body: np.ndarray  # [O]
+    orient_target: np.ndarray  # [N, O, 4]
+    orient_weight: np.ndarray  # [N, O]
+    sole_body: np.ndarray  # [S]
+    sole_offset: np.ndarray  # [S, 3]
+    sole_target: np.ndarray  # [N, S, 3]
+    sole_weight: np.ndarray  # [N, S]
+    phases: tuple[ContactPhases, ...]
+    source_feet: np.ndarray  # [N, feet, 3] scaled source heel positions (for the source's own slide)
+    scale: float
+
+
+def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Targets:
+    n = src.pos.shape[0]
+    _, npos, nrot = _robot_neutral(layout)
+    soles = [np.asarray(f.sole_points, dtype=np.float64) for f in cfg.feet]
+    foot_bodies = [layout.body_index(f.robot) for f in cfg.feet]
+    ground_src = float(np.percentile(src.pos[..., 2].min(1), 2.0))
+    scale, per_body = _scale_of(cfg, layout, src, ground_src, path)
+    root_src = src.pos[:, 0]
+    root_t = np.concatenate([scale * root_src[:, :2], cfg.ground_height + scale * (root_src[:, 2:] - ground_src)], -1)
+
+    def scaled(j: int, body: int) -> np.ndarray:  # [N, 3]
+        return root_t + per_body[body] * (src.pos[:, j] - root_src)
+
+    bodies = cfg.bodies
+    kb = np.array([layout.body_index(b.robot) for b in bodies], dtype=np.int64)
+    ks = [resolve_source_name(b.source, src.names, item=f"bodies[{i}].source", path=path) for i, b in enumerate(bodies)]
+    key_target = np.stack([scaled(j, b) for j, b in zip(ks, kb)], 1)
+    key_weight = np.broadcast_to(np.array([b.position_weight for b in bodies]), (n, len(bodies))).copy()
+    # contacts and held soles
+    fps = src.fps
+    phases, sole_t, sole_w, sole_b, sole_o, src_feet, ramps = [], [], [], [], [], [], []
+    opts = cfg.contact
+    for i, (f, fb, sole) in enumerate(zip(cfg.feet, foot_bodies, soles)):
+        heel = resolve_source_name(f.source_heel, src.names, item=f"feet[{i}].source_heel", path=path)
+        toe = None
+        if f.source_toe is not None:
+            toe = resolve_source_name(f.source_toe, src.names, item=f"feet[{i}].source_toe", path=path)
+        heel_w = scaled(heel, fb)
+        toe_w = None if toe is None else scaled(toe, fb)
+        down = detect_contact(
+            heel_w, toe_w, fps, height_threshold=opts.height_threshold, speed_threshold=opts.speed_threshold
+        )
+        ph = contact_phases(down, max(1, round(opts.min_phase_s * fps)))
+        if toe_w is not None:
+            forward = toe_w - heel_w
+        else:
+            forward = R.quat_rotate(src.rot[:, heel], np.array([1.0, 0.0, 0.0]))
+        tgt, w = held_sole_targets(
+            ph, heel_w, toe_w, forward, sole, ground=cfg.ground_height, blend_frames=opts.blend_s * fps
+        )
+        # the foot's key targets: lowered by the ankle-height difference seen in contact
+        if ph.in_contact.any():
+            dz = float(np.median(cfg.ground_height - sole[:, 2].min() - heel_w[ph.in_contact, 2]))
+            on_foot = kb == fb
+            key_target[:, on_foot, 2] += dz
+            # a foot point is never asked below where it sits when the sole is flat on the floor
+            floor = cfg.ground_height - sole[:, 2].min() + np.array([b.offset[2] for b in bodies])[on_foot]
+            key_target[:, on_foot, 2] = np.maximum(key_target[:, on_foot, 2], floor[None])
+            key_weight[:, on_foot] *= (1.0 - 0.8 * w)[:, None]
+        phases.append(ph)
+        ramps.append(w)
+        sole_t.append(tgt)
+        sole_w.append(np.repeat(w[:, None], sole.shape[0], 1) * cfg.solver.contact_weight)
+        sole_b += [fb] * sole.shape[0]
+        sole_o.append(sole)
+        src_feet.append(heel_w)
+    # orientations: the source body's rotation from its rest pose, applied to the robot body's neutral rotation
+    oi = [i for i, b in enumerate(bodies) if b.orientation_weight > 0]
+    ob = kb[oi]
+    oj = [ks[i] for i in oi]
+    rel = R.quat_multiply(src.rot[:, oj], R.quat_conjugate(src.rest_rot[oj])[None])
+    orient_target = R.quat_normalize(R.quat_multiply(rel, nrot[ob][None]))
+    orient_weight = np.broadcast_to(np.array([bodies[i].orientation_weight for i in oi]), (n, len(oi))).copy()
+    for fb, w in zip(foot_bodies, ramps):  # a held foot's orientation comes from its sole
+        orient_weight[:, ob == fb] *= (1.0 - w)[:, None]
+    names = tuple(f"{b.robot}<-{src.names[j]}" for b, j in zip(bodies, ks))
+    nf = len(cfg.feet)
+    return _Targets(
+        key_body=kb,
+        key_offset=np.array([b.offset for b in bodies], dtype=np.float64),
+        key_target=key_target,
+        key_weight=key_weight,
+        key_names=names,
+        orient_body=ob,
+        orient_target=orient_target.reshape(n, len(oi), 4),
+        orient_weight=orient_weight,
+        sole_body=np.array(sole_b, dtype=np.int64),
+        sole_offset=np.concatenate(sole_o) if nf else np.zeros((0, 3)),
+        sole_target=np.concatenate(sole_t, 1) if nf else np.zeros((n, 0, 3)),
+        sole_weight=np.concatenate(sole_w, 1) if nf else np.zeros((n, 0)),
+        phases=tuple(phases),
+        source_feet=np.stack(src_feet, 1) if nf else np.zeros((n, 0, 3)),
+        scale=scale,
+    )
+
+
+def _axis_weights(tg: _Targets) -> np.ndarray:
+    """``[N, K + S, 3]`` per-axis weights of the point tasks (key points, then held sole points)."""
+    return np.repeat(np.concatenate([tg.key_weight, tg.sole_weight], 1)[..., None], 3, -1)
+
+
+def collision_points(desc, layout, cfg: RobotRetargetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(body [G], offset [G, 3] m in the body frame, radius [G] m)``: points that must stay above the floor.
+
+    Spheres: the centre; capsules and cylinders: both ends of the axis (a cylinder's rim is covered by its
+    radius, conservatively); boxes: the 8 corners; ellipsoids: the centre with the largest semi-axis; plus the
+    sole points of the feet (radius 0). Meshes are not covered (give a model with primitive collision geoms).
+    """
+    from ..asset.desc import GeomType
+
+    body, off, rad = [], [], []
+    for g in () if desc is None else desc.geoms:
+        if g.body < 0 or not g.collides or g.type is GeomType.PLANE:
+            continue
+        c, qg, size = np.asarray(g.pos, float), np.asarray(g.quat_wxyz, float), np.asarray(g.size, float)
+        if g.type is GeomType.SPHERE:
+            pts, r = [c], size[0]
+        elif g.type in (GeomType.CAPSULE, GeomType.CYLINDER):
+            axis = R.quat_rotate(qg, np.array([0.0, 0.0, size[1]]))
+            pts, r = [c + axis, c - axis], size[0]
+        elif g.type is GeomType.BOX:
+            corners = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)]) * size
+            pts, r = list(c + R.quat_rotate(qg, corners)), 0.0
+        elif g.type is GeomType.ELLIPSOID:
+            pts, r = [c], size.max()
+        else:
+            continue
+        body += [g.body] * len(pts)
+        off += pts
+        rad += [r] * len(pts)
+    for f in cfg.feet:
+        b = layout.body_index(f.robot)
+        for p in f.sole_points:
+            body.append(b)
+            off.append(np.asarray(p, float))
+            rad.append(0.0)
+    body_a = np.array(body, dtype=np.int64)
+    off_a = np.array(off, dtype=np.float64).reshape(-1, 3)
+    rad_a = np.array(rad, dtype=np.float64)
+    # a sole point at a sphere's lowest point is the same constraint: keep one
+    key = np.round(np.concatenate([body_a[:, None], off_a[:, :2], (off_a[:, 2] - rad_a)[:, None]], 1), 6)
+    _, first = np.unique(key, axis=0, return_index=True)
+    first = np.sort(first)
+    return body_a[first], off_a[first], rad_a[first]
+
+
+def retarget_to_robot(
+    motion: SkeletonMotion,
+    config: RobotRetargetConfig | str,
+    *,
+    model=None,
+    device="cpu",
+    dtype: str = "float32",
+    max_correction_m: float = 0.05,
+) -> RobotRetargetResult:
+    """Put a human motion on a robot (see the module docstring for the steps).
+
+    Args:
+        motion: the source :class:`~kangengine.animation.SkeletonMotion` (m, Z up; e.g. ``ke.io.load_bvh``).
+        config: a :class:`~kangengine.retarget.RobotRetargetConfig` or a name/path for
+            :func:`~kangengine.retarget.load_robot_config`.
+        model: the robot model (file path, ``ArticulationDesc`` or layout) instead of the configuration's;
+            its layout signature must be the configuration's.
+        device: torch device of the solve (``"cpu"``, ``"cuda"``).
+        dtype: ``"float64"`` or ``"float32"`` for the solve (the motion is stored float32).
+        max_correction_m: the largest root lift (m) used to clear a collision point from the floor; a frame
+            needing more is left as solved and counted in ``metrics["penetration_uncorrected_frames"]``.
+    Returns:
+        :class:`RobotRetargetResult`.
+    Raises:
+        UnknownNameError: a source body of the configuration is not in ``motion`` (lists the source's bodies).
+        LayoutMismatch: ``model`` has another layout signature than the configuration.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    cfg = config if isinstance(config, RobotRetargetConfig) else load_robot_config(config, model=model)
+    layout, desc, mpath = load_robot_model(cfg, model)
+    cfg.check_model(layout, path=mpath)
+    path = cfg.config_dir
+    src = _prepare_source(motion, cfg, path)
+    tg = _build_targets(cfg, layout, src, path)
+    n = src.pos.shape[0]
+    tdt = {"float64": torch.float64, "float32": torch.float32}[dtype]
+
+    def t(x, dt=tdt):
+        return torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=device)
+
+    gb, go, gr = collision_points(desc, layout, cfg)
+    q_neutral = layout.neutral()
+    tasks = IKTasks(
+        point_body=t(np.concatenate([tg.key_body, tg.sole_body]), torch.int64),
+        point_offset=t(np.concatenate([tg.key_offset, tg.sole_offset])),
+        point_target=t(np.concatenate([tg.key_target, tg.sole_target], 1)),
+        point_weight=t(_axis_weights(tg)),
+        orient_body=t(tg.orient_body, torch.int64),
+        orient_target_wxyz=t(tg.orient_target),
+        orient_weight=t(tg.orient_weight),
+        ground_body=t(gb, torch.int64),
+        ground_offset=t(go),
+        ground_radius=t(gr),
+        ground_height=float(cfg.ground_height),
+        ground_weight=float(cfg.solver.ground_weight),
+        posture_weight=float(cfg.solver.posture_weight),
+        q_neutral=t(q_neutral),
+    )
+    # warm start: root on the source's root target, turned to the source heading; joints neutral
+    q0 = np.broadcast_to(q_neutral, (n, layout.nq)).copy()
+    root = layout.blocks[0]
+    pelvis_tasks = np.flatnonzero(tg.key_body == root.body_index)
+    if pelvis_tasks.size:
+        q0[:, root.q_offset : root.q_offset + 3] = tg.key_target[:, pelvis_tasks[0]]
+    q0[:, root.q_offset + 3 : root.q_offset + 7] = R.quat_multiply(
+        _yaw_quat(src.heading), layout.rest_rotations_wxyz[root.body_index][None]
+    )
+    tables = robot_dof_tables(layout, dtype=tdt, device=device)
+    q, cost = solve_clip(layout, tasks, t(q0), cfg.solver, fps=src.fps, tables=tables)
+    q = q.detach().cpu().numpy().astype(np.float64)
+    q, lift = _clear_floor(layout, q, gb, go, gr, cfg.ground_height, max_correction_m)
+    fps = src.fps
+    qd = _central_velocity(layout, q, fps)
+    amotion = ArticulationMotion(
+        q,
+        qd,
+        fps,
+        layout.model_signature,
+        joint_names=layout.joint_names,
+        metadata={
+            "retarget_config": cfg.name,
+            "source_frames": [int(src.kept[0]), int(src.kept[-1]) + 1],
+            "source": dict(getattr(motion, "metadata", {}) or {}).get("source_file"),
+        },
+    )
+    contact = np.stack([p.in_contact for p in tg.phases], 1) if tg.phases else np.zeros((n, 0), bool)
+    metrics, task_errors = robot_retarget_metrics(
+        layout, q, qd, fps, cfg, tg, (gb, go, gr), motion_local_rotation(motion, src.kept), lift
+    )
+    metrics.update(
+        {
+            "frames": int(n),
+            "fps": fps,
+            "dropped_leading_frames": int(src.kept[0]),
+            "scale": tg.scale,
+            "solver_cost_mean": float(cost.mean()),
+            "jacobian": "analytic",
+            "device": str(device),
+            "dtype": dtype,
+            "time_s": time.perf_counter() - t0,
+            "cpu_time_s": time.process_time() - cpu0,
+        }
+    )
+    return RobotRetargetResult(
+        amotion, metrics, task_errors.astype(np.float32), tg.key_names, contact, src.kept, layout
+    )
+
+
+def motion_local_rotation(motion: SkeletonMotion, kept: np.ndarray) -> np.ndarray:
+    """``[frames, joints, 4]`` the source's local rotations on the kept frames (for its own velocity peaks)."""
+    return np.asarray(motion.numpy().local_rotation, dtype=np.float64)[kept]
+
+
+def _lowest_clearance(layout, q, gb, go, gr, ground):
+    from ..animation.layout import forward_kinematics
+
+    p, r = forward_kinematics(layout, q)
+    x = p[:, gb] + R.quat_rotate(r[:, gb], go[None])
+    return (x[..., 2] - gr[None] - ground).min(1)  # [N]
+
+
+def _clear_floor(layout, q, gb, go, gr, ground, limit):
+    """Lift the root of every frame with a collision point below the floor by that depth (up to ``limit``)."""
+    if gb.size == 0:
+        return q, np.zeros(q.shape[0])
+    low = _lowest_clearance(layout, q, gb, go, gr, ground)
+    lift = np.where((low < 0) & (low > -limit), -low, 0.0)
+    root = layout.blocks[0]
+    q = q.copy()
+    q[:, root.q_offset + 2] += lift
+    return q, lift
+
+
+def _central_velocity(layout, q, fps: float) -> np.ndarray:
+    n = q.shape[0]
+    if n < 2:
+        return np.zeros((n, layout.nv))
+    fwd = layout.difference(q[1:], q[:-1], 1.0 / fps)  # [N-1, V]
+    qd = np.empty((n, layout.nv))
+    qd[0], qd[-1] = fwd[0], fwd[-1]
+    qd[1:-1] = 0.5 * (fwd[1:] + fwd[:-1])
+    return qd

@@ -1,0 +1,556 @@
+"""`RobotRetargetConfig`: how a human skeleton's motion is put onto a robot (read from JSON, checked on load).
+
+A configuration names the robot model file (relative to the configuration file), the model's layout
+signature (a configuration written for one model refuses another), the source-body -> robot-body
+correspondences with their weights and local offsets, the scale, the feet with their sole points, the
+ground height and the heading alignment. The JSON layout (see ``configs/cmu_bvh_to_g1.json``)::
+
+    {
+      "name": "cmu_bvh_to_g1",
+      "target_model": "relative/or/absolute/path/to/model.xml",
+      "model_signature": "487073a8514741e4",
+      "source_to_robot_rotation_wxyz": [1, 0, 0, 0],
+      "scale": "auto" | 0.75 | {"default": "auto", "bodies": {"left_wrist_yaw_link": 0.9}},
+      "ground_height": 0.0,
+      "heading_alignment": {"mode": "none" | "initial", "left": ["LeftUpLeg|LeftHip"], "right": [...]},
+      "bodies": [{"robot": "pelvis", "source": "Hips", "position_weight": 1.0,
+                  "orientation_weight": 1.0, "offset": [0, 0, 0]}, ...],
+      "feet": [{"robot": "left_ankle_roll_link", "source_heel": "LeftFoot|LeftAnkle",
+                "source_toe": "LeftToeBase|LeftToe", "sole_points": [[x, y, z], ...]}],
+      "contact": {"height_threshold": 0.04, "speed_threshold": 0.6, ...},
+      "solver": {"iterations": 3, "smoothness_weight": 1.0, ...}
+    }
+
+A source name may list alternatives separated by ``|`` (the cgspeed and 3dsMax releases of the CMU BVH
+name the same joint differently); the first one the source skeleton has is used, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import FileMissingError, FormatError, LayoutMismatch, UnknownNameError
+
+__all__ = [
+    "BodyCorrespondence",
+    "FootSpec",
+    "ContactOptions",
+    "SolverOptions",
+    "HeadingAlignment",
+    "RobotRetargetConfig",
+    "load_robot_config",
+    "list_robot_configs",
+    "resolve_source_name",
+]
+
+_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+_HEADING_MODES = ("none", "initial")
+
+
+def resolve_source_name(spec: str, names, *, item: str, path=None) -> int:
+    """Index in ``names`` of the first of the ``|``-separated alternatives in ``spec`` that exists.
+
+    Raises:
+        UnknownNameError: none exists; the message lists the source skeleton's names.
+    """
+    names = list(names)
+    for alt in spec.split("|"):
+        if alt in names:
+            return names.index(alt)
+    raise UnknownNameError(f"no source body {spec!r}; source bodies are: {', '.join(names)}", path=path, item=item)
+
+
+def _vec(value, n: int, item: str, path) -> tuple[float, ...]:
+    try:
+        v = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        v = ()
+    if len(v) != n or not all(math.isfinite(x) for x in v):
+        raise FormatError(f"is {value!r}; expected {n} finite numbers", path=path, item=item)
+    return v
+
+
+def _number(value, item: str, path, *, lo: float = 0.0, strict: bool = False) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or x < lo or (strict and x <= lo):
+        raise FormatError(f"is {value!r}; expected a number {'>' if strict else '>='} {lo}", path=path, item=item)
+    return x
+
+
+def _keys(d, allowed, item: str, path, required=()) -> None:
+    if not isinstance(d, Mapping):
+        raise FormatError(f"is {type(d).__name__}; expected a JSON object", path=path, item=item)
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise FormatError(f"unknown keys {unknown}; valid keys are: {', '.join(allowed)}", path=path, item=item)
+    for k in required:
+        if k not in d:
+            raise FormatError(f"missing key {k!r}; valid keys are: {', '.join(allowed)}", path=path, item=item)
+
+
+@dataclass(frozen=True)
+class BodyCorrespondence:
+    """One key-body task: the robot point ``world_from_body(robot) * offset`` follows the scaled source body.
+
+    Attributes:
+        robot: robot body name.
+        source: source body name (``|`` separates alternatives).
+        position_weight: weight of the position residual (m).
+        orientation_weight: weight of the orientation residual (rad); the target is the source body's world
+            rotation relative to its rest pose, applied to the robot body's rest (neutral) world rotation.
+        offset: ``[3]`` m, the task point in the robot body frame.
+    """
+
+    robot: str
+    source: str
+    position_weight: float = 1.0
+    orientation_weight: float = 0.0
+    offset: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    _KEYS = ("robot", "source", "position_weight", "orientation_weight", "offset")
+
+    @classmethod
+    def from_dict(cls, d, *, item: str, path=None) -> BodyCorrespondence:
+        _keys(d, cls._KEYS, item, path, required=("robot", "source"))
+        return cls(
+            robot=str(d["robot"]),
+            source=str(d["source"]),
+            position_weight=_number(d.get("position_weight", 1.0), f"{item}.position_weight", path),
+            orientation_weight=_number(d.get("orientation_weight", 0.0), f"{item}.orientation_weight", path),
+            offset=_vec(d.get("offset", (0.0, 0.0, 0.0)), 3, f"{item}.offset", path),
+        )
+
+
+@dataclass(frozen=True)
+class FootSpec:
+    """A robot foot and the source joints its contacts are read from.
+
+    Attributes:
+        robot: robot foot body name.
+        source_heel: source joint whose height and speed say the heel is down (the ankle in the CMU BVH).
+        source_toe: source joint for the toe (``None``: heel only).
+        sole_points: ``[points, 3]`` m, the sole in the foot frame (its lowest points; the corners of a
+            flat sole). In a contact phase they are held on the ground at one place, the sole flat.
+    """
+
+    robot: str
+    source_heel: str
+    source_toe: str | None
+    sole_points: tuple[tuple[float, float, float], ...]
+
+    _KEYS = ("robot", "source_heel", "source_toe", "sole_points", "sole_box")
+
+    @classmethod
+    def from_dict(cls, d, *, item: str, path=None) -> FootSpec:
+        _keys(d, cls._KEYS, item, path, required=("robot", "source_heel"))
+        if "sole_points" in d:
+            pts = d["sole_points"]
+            if not isinstance(pts, list) or not pts:
+                raise FormatError(f"is {pts!r}; expected a list of [x, y, z]", path=path, item=f"{item}.sole_points")
+            sole = tuple(_vec(p, 3, f"{item}.sole_points[{i}]", path) for i, p in enumerate(pts))
+        elif "sole_box" in d:
+            box = d["sole_box"]
+            _keys(box, ("min_xy", "max_xy", "z"), f"{item}.sole_box", path, required=("min_xy", "max_xy", "z"))
+            lo = _vec(box["min_xy"], 2, f"{item}.sole_box.min_xy", path)
+            hi = _vec(box["max_xy"], 2, f"{item}.sole_box.max_xy", path)
+            z = float(box["z"])
+            sole = ((lo[0], lo[1], z), (lo[0], hi[1], z), (hi[0], lo[1], z), (hi[0], hi[1], z))
+        else:
+            raise FormatError("missing 'sole_points' (or 'sole_box')", path=path, item=item)
+        toe = d.get("source_toe")
+        return cls(str(d["robot"]), str(d["source_heel"]), None if toe is None else str(toe), sole)
+
+
+@dataclass(frozen=True)
+class ContactOptions:
+    """How contact phases are read from the source (source heights in m after scaling, speeds in m/s).
+
+    Attributes:
+        height_threshold: a heel/toe joint is down when it is less than this above its own standing height
+            (its 5th-percentile height over the clip).
+        speed_threshold: ... and moves slower than this (horizontal speed).
+        min_phase_s: phases shorter than this are dropped; gaps shorter than this are closed.
+        blend_s: the contact weight ramps over this time before and after a phase (smooth transitions).
+    """
+
+    height_threshold: float = 0.04
+    speed_threshold: float = 0.3
+    min_phase_s: float = 0.05
+    blend_s: float = 0.08
+
+    @classmethod
+    def from_dict(cls, d, *, path=None) -> ContactOptions:
+        d = {} if d is None else d
+        names = tuple(cls.__dataclass_fields__)
+        _keys(d, names, "contact", path)
+        return cls(**{k: _number(v, f"contact.{k}", path) for k, v in d.items()})
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """Weights and iteration counts of the whole-clip solver (see :mod:`.solver`).
+
+    Attributes:
+        iterations: Gauss-Newton iterations on every frame (after the coarse pass).
+        coarse_stride, coarse_iterations: the coarse pass solves every ``coarse_stride``-th frame first
+            (warm start for the fine pass, interpolated on the manifold).
+        damping: Levenberg-Marquardt damping added to the normal equations (per DOF, 1/rad^2).
+        smoothness_weight: weight of the pull ``|difference(q, q_smooth)|^2`` towards the low-passed solution
+            in the smoothing pass (0: no smoothing pass).
+        smoothing_s: standard deviation (s) of the Gaussian low-pass.
+        smoothing_iterations: Gauss-Newton iterations of the smoothing pass.
+        contact_weight: weight of the sole points held on the ground during a contact phase.
+        ground_weight: weight of the non-penetration penalty of every collision geom.
+        posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
+        max_step: largest step of one iteration (rad / m, infinity norm).
+    """
+
+    iterations: int = 3
+    coarse_stride: int = 4
+    coarse_iterations: int = 8
+    damping: float = 1e-3
+    smoothness_weight: float = 1.0
+    smoothing_s: float = 0.02
+    smoothing_iterations: int = 2
+    contact_weight: float = 20.0
+    ground_weight: float = 200.0
+    posture_weight: float = 1e-3
+    max_step: float = 0.5
+
+    @classmethod
+    def from_dict(cls, d, *, path=None) -> SolverOptions:
+        d = {} if d is None else d
+        names = tuple(cls.__dataclass_fields__)
+        _keys(d, names, "solver", path)
+        out = {}
+        for k, v in d.items():
+            x = _number(v, f"solver.{k}", path)
+            out[k] = int(x) if k in ("iterations", "coarse_stride", "coarse_iterations", "smoothing_iterations") else x
+        if out.get("coarse_stride", 1) < 1:
+            raise FormatError("is 0; expected an integer >= 1", path=path, item="solver.coarse_stride")
+        return cls(**out)
+
+
+@dataclass(frozen=True)
+class HeadingAlignment:
+    """How the source's heading is read and aligned.
+
+    Attributes:
+        mode: ``"none"``: the robot keeps the source's world heading and position; ``"initial"``: the clip is
+            turned about the vertical through its first root position so that it starts facing the robot's
+            +X, with the root above the origin.
+        left, right: source joints on the left and right of the body (hips, shoulders); the heading is
+            ``(left - right) x up`` averaged over the pairs.
+    """
+
+    mode: str = "none"
+    left: tuple[str, ...] = ()
+    right: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d, *, path=None) -> HeadingAlignment:
+        d = {} if d is None else d
+        _keys(d, ("mode", "left", "right"), "heading_alignment", path, required=("left", "right"))
+        mode = str(d.get("mode", "none"))
+        if mode not in _HEADING_MODES:
+            raise FormatError(
+                f"is {mode!r}; valid modes are: {', '.join(_HEADING_MODES)}", path=path, item="heading_alignment.mode"
+            )
+        left, right = tuple(str(x) for x in d["left"]), tuple(str(x) for x in d["right"])
+        if not left or len(left) != len(right):
+            raise FormatError(
+                f"left {list(left)} and right {list(right)}; expected the same number (>= 1) of joints",
+                path=path,
+                item="heading_alignment",
+            )
+        return cls(mode, left, right)
+
+
+@dataclass(frozen=True, eq=False)
+class RobotRetargetConfig:
+    """A human -> robot retargeting configuration (see the module docstring for the JSON layout).
+
+    Attributes:
+        name, description: what the configuration is for.
+        target_model: the robot model file (absolute, or relative to ``config_dir``).
+        model_signature: the ``model_signature`` of the robot's layout (free root) the configuration was
+            written for; checked on load.
+        source_to_robot_rotation_wxyz: ``[4]`` rotation applied to the source world (its facing onto the
+            robot's +X) before anything else.
+        scale: a number (robot length / source length), ``"auto"`` (leg length of the robot's neutral pose
+            over the source's rest pose, root to the lowest foot point), or
+            ``{"default": number | "auto", "bodies": {robot body: number}}`` for per-segment scales of the
+            body offsets from the root.
+        ground_height: m, world height of the floor the robot stands on.
+        heading_alignment: :class:`HeadingAlignment`.
+        bodies: key-body tasks (:class:`BodyCorrespondence`).
+        feet: :class:`FootSpec` per foot.
+        contact: :class:`ContactOptions`. solver: :class:`SolverOptions`.
+        config_dir: folder of the configuration file (``None``: built in Python).
+    """
+
+    name: str
+    target_model: str
+    bodies: tuple[BodyCorrespondence, ...]
+    feet: tuple[FootSpec, ...]
+    model_signature: str | None = None
+    description: str = ""
+    source_to_robot_rotation_wxyz: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 0.0)
+    scale: object = "auto"
+    ground_height: float = 0.0
+    heading_alignment: HeadingAlignment = field(default_factory=HeadingAlignment)
+    contact: ContactOptions = field(default_factory=ContactOptions)
+    solver: SolverOptions = field(default_factory=SolverOptions)
+    config_dir: str | None = None
+
+    _KEYS = (
+        "name",
+        "description",
+        "target_model",
+        "model_signature",
+        "source_to_robot_rotation_wxyz",
+        "scale",
+        "ground_height",
+        "heading_alignment",
+        "bodies",
+        "feet",
+        "contact",
+        "solver",
+    )
+
+    # -- JSON -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping, *, path=None, config_dir=None) -> RobotRetargetConfig:
+        """Build and check the structure (the robot body names are checked by :meth:`check_model`)."""
+        _keys(d, cls._KEYS, "config", path, required=("target_model", "bodies", "feet"))
+        bodies = d["bodies"]
+        if not isinstance(bodies, list) or not bodies:
+            raise FormatError(f"is {bodies!r}; expected a non-empty list", path=path, item="bodies")
+        feet = d["feet"]
+        if not isinstance(feet, list):
+            raise FormatError(f"is {feet!r}; expected a list", path=path, item="feet")
+        rot = _vec(d.get("source_to_robot_rotation_wxyz", (1, 0, 0, 0)), 4, "source_to_robot_rotation_wxyz", path)
+        if abs(math.sqrt(sum(x * x for x in rot)) - 1.0) > 1e-3:
+            raise FormatError(f"is {list(rot)}; expected a unit WXYZ quaternion", path=path, item="rotation")
+        return cls(
+            name=str(d.get("name", "")),
+            description=str(d.get("description", "")),
+            target_model=str(d["target_model"]),
+            model_signature=None if d.get("model_signature") is None else str(d["model_signature"]),
+            bodies=tuple(BodyCorrespondence.from_dict(b, item=f"bodies[{i}]", path=path) for i, b in enumerate(bodies)),
+            feet=tuple(FootSpec.from_dict(f, item=f"feet[{i}]", path=path) for i, f in enumerate(feet)),
+            source_to_robot_rotation_wxyz=rot,
+            scale=_check_scale(d.get("scale", "auto"), path),
+            ground_height=float(_vec([d.get("ground_height", 0.0)], 1, "ground_height", path)[0]),
+            heading_alignment=HeadingAlignment.from_dict(d.get("heading_alignment"), path=path),
+            contact=ContactOptions.from_dict(d.get("contact"), path=path),
+            solver=SolverOptions.from_dict(d.get("solver"), path=path),
+            config_dir=None if config_dir is None else str(config_dir),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> RobotRetargetConfig:
+        """Read a configuration file (structure only; see :func:`load_robot_config` for the model checks)."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileMissingError("no such robot retarget configuration", path=p)
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"not valid JSON ({exc})", path=p) from exc
+        return cls.from_dict(d, path=p, config_dir=p.resolve().parent)
+
+    def to_dict(self) -> dict:
+        """The JSON object layout (round-trips through :meth:`from_dict`)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "target_model": self.target_model,
+            "model_signature": self.model_signature,
+            "source_to_robot_rotation_wxyz": list(self.source_to_robot_rotation_wxyz),
+            "scale": self.scale,
+            "ground_height": self.ground_height,
+            "heading_alignment": {
+                "mode": self.heading_alignment.mode,
+                "left": list(self.heading_alignment.left),
+                "right": list(self.heading_alignment.right),
+            },
+            "bodies": [
+                {
+                    "robot": b.robot,
+                    "source": b.source,
+                    "position_weight": b.position_weight,
+                    "orientation_weight": b.orientation_weight,
+                    "offset": list(b.offset),
+                }
+                for b in self.bodies
+            ],
+            "feet": [
+                {
+                    "robot": f.robot,
+                    "source_heel": f.source_heel,
+                    "source_toe": f.source_toe,
+                    "sole_points": f.sole_points,
+                }
+                for f in self.feet
+            ],
+            "contact": {k: getattr(self.contact, k) for k in ContactOptions.__dataclass_fields__},
+            "solver": {k: getattr(self.solver, k) for k in SolverOptions.__dataclass_fields__},
+        }
+
+    def replace(self, **changes) -> RobotRetargetConfig:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+    # -- the model ----------------------------------------------------------------------------------------
+    def target_model_path(self) -> Path:
+        """``target_model`` resolved against ``config_dir``.
+
+        Raises:
+            FileMissingError: the file does not exist (pass ``model=`` to :func:`load_robot_config`).
+        """
+        p = Path(self.target_model)
+        if not p.is_absolute():
+            p = Path(self.config_dir or _CONFIG_DIR) / p
+        p = p.resolve()
+        if not p.is_file():
+            raise FileMissingError(
+                f"the robot model of configuration {self.name!r} does not exist (give model= to load_robot_config)",
+                path=p,
+                item="target_model",
+            )
+        return p
+
+    def check_model(self, layout, *, path=None) -> None:
+        """Check this configuration against a robot layout (free root).
+
+        Raises:
+            LayoutMismatch: ``model_signature`` differs from the layout's.
+            UnknownNameError: a robot body name does not exist; the message lists the robot's bodies.
+        """
+        if self.model_signature is not None and self.model_signature != layout.model_signature:
+            raise LayoutMismatch(
+                f"configuration {self.name!r} was written for a model with layout signature {self.model_signature}; "
+                f"this model has signature {layout.model_signature} (nq={layout.nq}, nv={layout.nv})",
+                path=path or layout.source,
+                item="model_signature",
+            )
+        for what, items in (("bodies", self.bodies), ("feet", self.feet)):
+            for i, b in enumerate(items):
+                if b.robot not in layout.body_names:
+                    raise UnknownNameError(
+                        f"no robot body {b.robot!r}; the robot's bodies are: {', '.join(layout.body_names)}",
+                        path=path,
+                        item=f"{what}[{i}].robot",
+                    )
+        scale = self.scale
+        if isinstance(scale, Mapping):
+            for b in scale.get("bodies", {}):
+                if b not in layout.body_names:
+                    raise UnknownNameError(
+                        f"no robot body {b!r}; the robot's bodies are: {', '.join(layout.body_names)}",
+                        path=path,
+                        item="scale.bodies",
+                    )
+
+
+def _check_scale(value, path):
+    def one(v, item):
+        if v == "auto":
+            return "auto"
+        if isinstance(v, str):
+            raise FormatError(f"is {v!r}; expected a number > 0 or 'auto'", path=path, item=item)
+        return _number(v, item, path, strict=True)
+
+    if isinstance(value, Mapping):
+        _keys(value, ("default", "bodies"), "scale", path)
+        bodies = value.get("bodies", {})
+        if not isinstance(bodies, Mapping):
+            raise FormatError(f"is {bodies!r}; expected {{robot body: number}}", path=path, item="scale.bodies")
+        return {
+            "default": one(value.get("default", "auto"), "scale.default"),
+            "bodies": {str(k): _number(v, f"scale.bodies.{k}", path, strict=True) for k, v in bodies.items()},
+        }
+    return one(value, "scale")
+
+
+def list_robot_configs() -> tuple[str, ...]:
+    """Names of the robot retarget configurations shipped with KangEngine (``configs/*.json`` with a
+    ``target_model`` and ``bodies``)."""
+    out = []
+    for p in sorted(_CONFIG_DIR.glob("*.json")):
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(d, dict) and "target_model" in d and "bodies" in d:
+            out.append(p.stem)
+    return tuple(out)
+
+
+def load_robot_config(name_or_path: str | os.PathLike, *, model=None):
+    """A robot retarget configuration, checked against its robot model.
+
+    Args:
+        name_or_path: a shipped configuration name (``"cmu_bvh_to_g1"``) or a ``.json`` file path.
+        model: the robot model to use instead of the configuration's ``target_model``: a model file path,
+            an ``ArticulationDesc`` or a free-root ``ArticulationCoordinateLayout``. Its layout must have the
+            configuration's signature.
+    Returns:
+        the checked :class:`RobotRetargetConfig`; its ``target_model`` is the model file actually used
+        (absolute) when one was read.
+    Raises:
+        UnknownNameError: no such shipped configuration, or a robot body the model lacks (the message lists
+            the valid names).
+        LayoutMismatch: the model's layout signature is not the configuration's.
+        FormatError: a malformed configuration (the message names the key and the valid choices).
+    """
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.is_file():
+        cfg_path = p
+    else:
+        cfg_path = _CONFIG_DIR / f"{name_or_path}.json"
+        if not cfg_path.is_file():
+            raise UnknownNameError(
+                f"no shipped robot retarget configuration {str(name_or_path)!r}; configurations are: "
+                f"{', '.join(list_robot_configs())}"
+            )
+    cfg = RobotRetargetConfig.from_json(cfg_path)
+    layout, desc, model_path = load_robot_model(cfg, model)
+    cfg.check_model(layout, path=cfg_path)
+    return cfg.replace(target_model=str(model_path) if model_path is not None else cfg.target_model)
+
+
+def load_robot_model(cfg: RobotRetargetConfig, model=None):
+    """``(layout, desc, path)`` of the robot: ``model`` (a path, an ``ArticulationDesc`` or a layout) or the
+    configuration's ``target_model``. ``desc`` is ``None`` when a layout was given; ``path`` is ``None``
+    when no file was read."""
+    from ..animation.layout import ArticulationCoordinateLayout
+    from ..asset import load as load_asset
+    from ..asset.desc import ArticulationDesc
+
+    if model is None:
+        model = cfg.target_model_path()
+    if isinstance(model, ArticulationCoordinateLayout):
+        return model, None, None
+    path = None
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model).resolve()
+        if not path.is_file():
+            raise FileMissingError("no such robot model file", path=path, item="model")
+        model = load_asset(path)
+    if not isinstance(model, ArticulationDesc):
+        raise FormatError(
+            f"model is {type(model).__name__}; expected a model file path, an ArticulationDesc or a layout",
+            item="model",
+        )
+    layout = ArticulationCoordinateLayout.from_data(data=model, free_root=True)
+    return layout, model, path

@@ -1,0 +1,280 @@
+"""Human -> robot retargeting (``ke.retarget.retarget_to_robot``) onto the Unitree G1.
+
+Oracles from outside the solver: MuJoCo's kinematics of the real G1 model (body positions and collision geoms of
+the retargeted motion), the layout limits of the model file, finite differences of our forward kinematics
+(the analytic Jacobian), a rigid rotation of the input (equivariance), synthetic contact signals with known
+phases, and hand-broken configuration files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import data_file
+
+import kangengine as ke
+from kangengine import rotations as R
+from kangengine.errors import FormatError, LayoutMismatch, UnknownNameError
+from kangengine.retarget import contact as C
+from kangengine.retarget import solver as S
+
+G1 = "mjcf/unitree/g1_29dof.nomesh.xml"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return ke.retarget.load_robot_config("cmu_bvh_to_g1", model=data_file(G1))
+
+
+@pytest.fixture(scope="module")
+def walk():
+    return ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
+
+
+@pytest.fixture(scope="module")
+def walk_result(walk, config):
+    return ke.retarget.retarget_to_robot(walk, config)
+
+
+def _mujoco_kinematics(model_path, layout, q):
+    """MuJoCo's ``mj_kinematics`` of ``q`` (layout order): body positions ``[frames, bodies, 3]`` and, per
+    collision geom that is not the floor, the height of its lowest point ``[frames, geoms]`` (spheres and
+    cylinders standing upright: centre minus radius) with the geoms' body names."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_path(str(model_path))
+    data = mujoco.MjData(model)
+    qpos = ke.adapters.MuJoCoMotionAdapter(layout, model=model).pack_arrays(q, np.zeros((len(q), layout.nv))).qpos
+    ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, n) for n in layout.body_names]
+    geoms = [g for g in range(model.ngeom) if model.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE]
+    pos, low = np.empty((len(q), len(ids), 3)), np.empty((len(q), len(geoms)))
+    for t in range(len(q)):  # the oracle, frame by frame
+        data.qpos[:] = qpos[t]
+        mujoco.mj_kinematics(model, data)
+        pos[t] = data.xpos[ids]
+        low[t] = data.geom_xpos[geoms, 2] - model.geom_size[geoms, 0]
+    return pos, low, [model.body(model.geom_bodyid[g]).name for g in geoms]
+
+
+def test_walk_onto_g1_quality(walk_result, config):
+    """02_01 walk (343 frames) on the G1: key bodies within 5 cm on average (measured 3.9 cm; GMR's mink IK
+    gives 5-6 cm on walks), feet planted without floating or sliding, no penetration, joints in limits."""
+    r = walk_result
+    m = r.metrics
+    assert r.motion.num_frames == 343 and m["dropped_leading_frames"] == 0
+    assert m["key_body_error_m"]["mean"] < 0.05
+    assert m["floating_share"] <= 0.05
+    for foot in m["feet"].values():
+        assert foot["phases"] >= 2
+    assert m["slide_beyond_source_cm_max"] <= 2.0
+    assert m["slide_per_phase_cm_max"] <= 2.0
+    assert m["penetration_m"] <= 0.01
+    # joints inside the limits the model file declares (MuJoCo's ranges)
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_path(str(data_file(G1)))
+    adapter = ke.adapters.MuJoCoMotionAdapter(r.layout, model=model)
+    qpos = adapter.pack_arrays(r.motion.q, r.motion.qd).qpos
+    for j in range(model.njnt):
+        if model.jnt_limited[j]:
+            a = model.jnt_qposadr[j]
+            lo, hi = model.jnt_range[j]
+            assert lo - 1e-5 <= qpos[:, a].min() and qpos[:, a].max() <= hi + 1e-5, model.joint(j).name
+
+
+def test_walk_feet_checked_by_mujoco(walk_result, config):
+    """Body positions, floor clearance and floating, recomputed from MuJoCo's kinematics of the output: the
+    foot spheres never more than 1 cm below the floor, and on at most 5 % of the source's contact frames the
+    lowest sphere of the planted foot is more than 3 cm above it."""
+    r = walk_result
+    q = r.motion.q.astype(np.float64)
+    pos, low, geom_bodies = _mujoco_kinematics(data_file(G1), r.layout, q)
+    ours, _ = ke.animation.forward_kinematics(r.layout, q)
+    np.testing.assert_allclose(ours, pos, atol=1e-5)
+    assert low.min() >= -0.01
+    for i, foot in enumerate(config.feet):
+        cols = [k for k, b in enumerate(geom_bodies) if b == foot.robot]
+        lowest = low[:, cols].min(1)
+        planted = r.contact[:, i]
+        assert planted.sum() > 100
+        assert (lowest[planted] > 0.03).mean() <= 0.05
+
+
+def test_3dsmax_naming_and_tpose_frame(config):
+    """131_01 (3dsMax joint names) resolves through the '|' alternatives; 01_01 starts with a T-pose frame
+    that is detected and dropped."""
+    m131 = ke.io.load_bvh(data_file("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"))[:240]
+    r = ke.retarget.retarget_to_robot(m131, config)
+    assert "left_ankle_roll_link<-LeftAnkle" in r.task_names
+    assert r.metrics["key_body_error_m"]["mean"] < 0.06
+    assert r.metrics["penetration_m"] <= 0.01
+    hops = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))[:240]
+    r = ke.retarget.retarget_to_robot(hops, config)
+    assert r.metrics["dropped_leading_frames"] == 1
+    assert r.motion.num_frames == 239 and r.source_frames[0] == 1
+    assert r.metrics["key_body_error_m"]["mean"] < 0.06
+
+
+def _turned(motion, yaw):
+    """The motion turned by ``yaw`` about the world vertical (through the origin)."""
+    q = R.quat_from_axis_angle(np.array([0.0, 0.0, 1.0]), yaw)
+    lr = np.array(motion.local_rotation, dtype=np.float64)
+    lr[:, 0] = R.quat_multiply(q, lr[:, 0])
+    rt = R.quat_rotate(q, np.asarray(motion.root_translation, dtype=np.float64))
+    return ke.animation.SkeletonMotion(motion.tree, rt, lr, motion.fps, metadata=motion.metadata)
+
+
+def test_heading_180_gives_the_same_motion(walk, config):
+    """A source turned by 180 degrees gives the turned robot motion (body positions to 1 mm) with the heading
+    kept, and the very same motion with ``heading_alignment.mode == "initial"``."""
+    clip = walk[:160]
+    turned = _turned(clip, np.pi)
+    a = ke.retarget.retarget_to_robot(clip, config, dtype="float64")
+    b = ke.retarget.retarget_to_robot(turned, config, dtype="float64")
+    pa, _ = ke.animation.forward_kinematics(a.layout, a.motion.q.astype(np.float64))
+    pb, _ = ke.animation.forward_kinematics(b.layout, b.motion.q.astype(np.float64))
+    back = R.quat_rotate(R.quat_from_axis_angle(np.array([0.0, 0.0, 1.0]), -np.pi), pb)
+    assert np.abs(back - pa).max() < 1e-3
+    init = config.replace(heading_alignment=dataclasses.replace(config.heading_alignment, mode="initial"))
+    c = ke.retarget.retarget_to_robot(clip, init, dtype="float64")
+    d = ke.retarget.retarget_to_robot(turned, init, dtype="float64")
+    pc, _ = ke.animation.forward_kinematics(c.layout, c.motion.q.astype(np.float64))
+    pd, _ = ke.animation.forward_kinematics(d.layout, d.motion.q.astype(np.float64))
+    assert np.abs(pc - pd).max() < 1e-3
+    # the aligned clip starts above the origin, facing +X
+    assert np.abs(pc[0, 0, :2]).max() < 0.1
+
+
+def test_velocities_are_the_manifold_derivative(walk_result):
+    """qd is the central difference of q under the layout's difference map (checked against integrate)."""
+    r = walk_result
+    lay, q, qd = r.layout, r.motion.q.astype(np.float64), r.motion.qd.astype(np.float64)
+    dt = 1.0 / r.motion.fps()
+    mid = lay.integrate(q[:-2], qd[1:-1], 2 * dt)  # q[t-1] + 2 dt qd[t] ~ q[t+1]
+    assert np.abs(lay.difference(mid, q[2:])).max() < 5e-3
+    assert r.metrics["joint_velocity_peak_rad_s"] <= 2.0 * r.metrics["source_joint_velocity_peak_rad_s"]
+
+
+def test_analytic_jacobian_matches_finite_differences(config):
+    """The solver's Gauss-Newton gradient ``J^T W r`` of point tasks (analytic ``J``) equals half the finite
+    difference of the cost along each tangent direction (float64)."""
+    lay = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(data_file(G1)), free_root=True)
+    rng = np.random.default_rng(3)
+    q0 = lay.neutral()
+    q0[7:] += rng.uniform(-0.3, 0.3, lay.nq - 7)
+    q0 = np.clip(q0, np.r_[np.full(7, -np.inf), lay.dof_lower[6:]], np.r_[np.full(7, np.inf), lay.dof_upper[6:]])
+    t = lambda x, dt=torch.float64: torch.as_tensor(np.asarray(x), dtype=dt)
+    bodies = [lay.body_index(n) for n in ("left_ankle_roll_link", "right_wrist_yaw_link", "torso_link")]
+    tasks = S.IKTasks(
+        point_body=t(bodies, torch.int64),
+        point_offset=t([[0.1, 0.0, -0.02], [0.0, 0.05, 0.0], [0.0, 0.0, 0.14]]),
+        point_target=t(rng.normal(size=(1, 3, 3))),
+        point_weight=t(np.ones((1, 3, 3))),
+        orient_body=t([], torch.int64),
+        orient_target_wxyz=t(np.zeros((1, 0, 4))),
+        orient_weight=t(np.zeros((1, 0))),
+        ground_body=t([], torch.int64),
+        ground_offset=t(np.zeros((0, 3))),
+        ground_radius=t(np.zeros(0)),
+        ground_height=0.0,
+        ground_weight=0.0,
+        posture_weight=0.0,
+        q_neutral=t(lay.neutral()),
+    )
+    tables = S.robot_dof_tables(lay, dtype=torch.float64, device="cpu")
+    _, grad, cost, _ = S._normal_equations(t(q0[None]), tasks, tables, lay)
+    eps = 1e-6
+    fd = np.empty(lay.nv)
+    for k in range(lay.nv):  # finite differences along each tangent direction
+        e = np.zeros((1, lay.nv))
+        e[0, k] = eps
+        cp = S._normal_equations(t(lay.integrate(q0[None], e)), tasks, tables, lay)[2]
+        cm = S._normal_equations(t(lay.integrate(q0[None], -e)), tasks, tables, lay)[2]
+        fd[k] = float(cp - cm) / (2 * eps) / 2.0  # cost = sum w r^2, grad = J^T W r = d(cost)/2
+    np.testing.assert_allclose(grad.numpy()[0], fd, atol=1e-5, rtol=1e-4)
+    assert float(cost) > 0
+
+
+def test_contact_phases_of_a_synthetic_gait():
+    """A foot down on frames [10, 40) and [70, 100) (still, on the floor), swinging in between: the phases are
+    found to the frame (the speed is a central difference, so a boundary frame may go either way), a 2-frame
+    blip is ignored, and the held sole targets are flat on the floor."""
+    n, fps = 120, 120.0
+    t = np.arange(n)
+    down = ((t >= 10) & (t < 40)) | ((t >= 70) & (t < 100))
+    heel = np.zeros((n, 3))
+    heel[:, 0] = np.where(down, np.where(t < 55, 0.0, 0.5), 0.5 * (t - 40) / 30.0)
+    heel[:, 2] = 0.08 + np.where(down, 0.0, 0.1)
+    heel[55:57, 2] = 0.08  # a blip: low but fast
+    toe = heel + np.array([0.15, 0.0, -0.05])
+    contact = C.detect_contact(heel, toe, fps, height_threshold=0.04, speed_threshold=0.3)
+    ph = C.contact_phases(contact, 6)
+    assert np.abs(ph.starts - [10, 70]).max() <= 1 and np.abs(ph.ends - [40, 100]).max() <= 1
+    sole = np.array([[-0.05, 0.03, -0.035], [0.12, -0.03, -0.035]])
+    targets, weight = C.held_sole_targets(ph, heel, toe, toe - heel, sole, ground=0.0, blend_frames=10)
+    inside = ph.phase_id >= 0
+    assert np.all(weight[inside] == 1.0) and weight[55] == 0.0 and 0 < weight[44] < 1
+    np.testing.assert_allclose(targets[inside][..., 2], 0.0, atol=1e-12)
+    np.testing.assert_allclose(targets[20], targets[30])  # held in place
+    assert np.all(np.diff(C.phase_slide(ph, heel)) == 0)
+
+
+def _write_config(tmp_path: Path, change) -> Path:
+    src = Path(ke.retarget.__file__).parent / "configs" / "cmu_bvh_to_g1.json"
+    d = json.loads(src.read_text())
+    d["target_model"] = str(data_file(G1))
+    change(d)
+    p = tmp_path / "cfg.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_unknown_robot_body_names_the_valid_ones(tmp_path):
+    p = _write_config(tmp_path, lambda d: d["bodies"][0].update(robot="pelvs"))
+    with pytest.raises(UnknownNameError) as e:
+        ke.retarget.load_robot_config(p)
+    assert "pelvs" in str(e.value) and "pelvis" in str(e.value) and "bodies[0].robot" in str(e.value)
+
+
+def test_unknown_source_body_names_the_valid_ones(walk, config):
+    bad = config.replace(bodies=(config.bodies[0].__class__("pelvis", "Hipz|Pelvis"),) + config.bodies[1:])
+    with pytest.raises(UnknownNameError) as e:
+        ke.retarget.retarget_to_robot(walk[:20], bad)
+    assert "Hipz|Pelvis" in str(e.value) and "LeftUpLeg" in str(e.value)
+
+
+def test_bad_keys_and_values_list_the_choices(tmp_path):
+    p = _write_config(tmp_path, lambda d: d.update(sclae=1.0))
+    with pytest.raises(FormatError, match="valid keys are: .*scale"):
+        ke.retarget.load_robot_config(p)
+    p = _write_config(tmp_path, lambda d: d["heading_alignment"].update(mode="sideways"))
+    with pytest.raises(FormatError, match="valid modes are: none, initial"):
+        ke.retarget.load_robot_config(p)
+    with pytest.raises(UnknownNameError, match="cmu_bvh_to_g1"):
+        ke.retarget.load_robot_config("cmu_to_robot_that_does_not_exist")
+
+
+def test_config_for_another_model_refuses(tmp_path):
+    """The G1 configuration on the CMU humanoid: the layout signatures differ."""
+    other = data_file("mjcf/dm_control/humanoid_CMU.xml")
+    with pytest.raises(LayoutMismatch, match="signature 487073a8514741e4"):
+        ke.retarget.load_robot_config("cmu_bvh_to_g1", model=other)
+    p = _write_config(tmp_path, lambda d: d.update(target_model=str(other)))
+    with pytest.raises(LayoutMismatch, match="signature"):
+        ke.retarget.load_robot_config(p)
+
+
+def test_mesh_model_has_the_same_layout(config):
+    """g1_29dof.xml (meshes) has the nomesh model's signature, so the configuration accepts it."""
+    cfg = ke.retarget.load_robot_config("cmu_bvh_to_g1", model=data_file("mjcf/unitree/g1_29dof.xml"))
+    assert Path(cfg.target_model).name == "g1_29dof.xml"
+
+
+def test_config_round_trip(config):
+    again = ke.retarget.RobotRetargetConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again.to_dict() == config.to_dict()
