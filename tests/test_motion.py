@@ -136,3 +136,57 @@ def test_written_files_get_the_usual_permissions(layout, tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
+# -- issue 17: the reader checks what it reads ----------------------------------------------------------------
+
+
+def _saved_arrays(layout, tmp_path):
+    path = tmp_path / "clip.npz"
+    save_articulation_motion_npz(path, _motion(layout, 12), layout=layout)
+    return dict(np.load(path))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("fps", np.array("thirty"), "expected a number"),
+        ("fps", np.zeros(3), "expected one value"),
+        ("format_version", np.array(np.inf), "expected an integer"),
+        ("format_version", np.array("1"), "expected an integer"),
+        ("metadata_json", np.array("{'a': 1}"), "not valid JSON"),
+        ("metadata_json", np.array("[" * 100_000), "not valid JSON"),
+        ("model_signature", np.array([1, 2]), "expected one value"),
+        ("q", np.full((12, 28), "x"), "expected floats"),
+        ("qd", np.zeros(27), "expected 2 dimensions"),
+    ],
+)
+def test_npz_values_are_checked_and_named(layout, tmp_path, key, value, expected):
+    arrays = _saved_arrays(layout, tmp_path)
+    arrays[key] = value
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(FormatError) as info:
+        load_articulation_motion_npz(bad, layout)
+    msg = str(info.value)
+    assert str(bad) in msg and key in msg and expected in msg, msg
+
+
+def test_npz_quaternions_are_refused_or_normalised_with_a_note(layout, tmp_path):
+    arrays = _saved_arrays(layout, tmp_path)
+    cols = _quat_columns(layout)
+    p = tmp_path / "q.npz"
+    for scale, refused in ((0.0, True), (1.002, True), (1.0003, False)):
+        a = dict(arrays)
+        a["q"] = arrays["q"].copy()
+        a["q"][5, cols[0]] *= scale
+        np.savez(p, **a)
+        if refused:
+            with pytest.raises(FormatError, match="quaternion") as info:
+                load_articulation_motion_npz(p, layout)
+            assert str(p) in str(info.value)
+        else:
+            m = load_articulation_motion_npz(p, layout)
+            np.testing.assert_allclose(np.linalg.norm(m.q[:, cols], axis=-1), 1, atol=1e-6)
+            np.testing.assert_allclose(m.q[5, cols[0]], arrays["q"][5, cols[0]], atol=1e-6)
+            assert "0.0003" in m.metadata["quaternions_normalised"]
