@@ -2,10 +2,15 @@
 of ``ke.animation.forward_kinematics`` in numpy and torch over >= 1M frames, against a per-frame
 ``mujoco.mj_kinematics`` loop measured in the same run.
 
-    python benchmarks/bench_fk.py [--frames 1048576] [--dtype float32]
+    python benchmarks/bench_fk.py [--frames 1048576] [--dtype float32] [--sizes 256 1024 4096 ...]
 
-Calls of this size run the traced program as a native kernel (``KANGENGINE_FK_BACKEND=auto``, built
-once per process on the first large call, timed separately below); the numpy replay of the same program
+Then the crossover: for calls of each size in ``--sizes`` (clip-sized calls), the numpy replay against the
+native kernel (already built), for the coordinates FK and the skeleton FK (``from_local``), best-of-N CPU
+and wall time of one call; and what the first call of a new process pays for the kernel, with and without the
+on-disk kernel cache (each in a fresh subprocess with an empty / the filled cache folder).
+
+Calls of this size run the traced program as a native kernel (``KANGENGINE_FK_BACKEND=auto``, built or
+loaded from the on-disk kernel cache on the first call, timed separately below); the numpy replay of the same program
 (``KANGENGINE_FK_BACKEND=numpy``) is shown for reference. Rates are best-of-3 wall clock; "cpu" is
 frames per CPU-second of the process over the same calls (all threads), which the shared machine
 cannot inflate.
@@ -15,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import mujoco
@@ -41,7 +49,12 @@ def main():
     ap.add_argument("--frames", type=int, default=1 << 20)
     ap.add_argument("--baseline-frames", type=int, default=50_000)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 512, 1024, 2048, 4096, 10_000, 65_536])
+    ap.add_argument("--skip-large", action="store_true", help="only the crossover and the cache timings")
     args = ap.parse_args()
+    if args.skip_large:
+        crossover(args)
+        return
     path = DATA / "mjcf/protomotions/smpl_humanoid.xml"
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.MJCFLoader.load(path))
     rng = np.random.default_rng(0)
@@ -90,6 +103,80 @@ def main():
         )
     print(f"  first large call (builds the native kernel): {t_build:.2f} s")
     print(f"  max |position - MuJoCo xpos| (float64) = {err:.2e} m")
+    crossover(args)
+
+
+def _with_backend(mode: str, fn):
+    old = os.environ.get("KANGENGINE_FK_BACKEND")
+    os.environ["KANGENGINE_FK_BACKEND"] = mode
+    try:
+        return fn()
+    finally:
+        os.environ.pop("KANGENGINE_FK_BACKEND")
+        if old is not None:
+            os.environ["KANGENGINE_FK_BACKEND"] = old
+
+
+_FIRST_CALL = """
+import sys, time
+import numpy as np
+import kangengine as ke
+path, dtype = sys.argv[1], sys.argv[2]
+layout = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.MJCFLoader.load(path))
+q = np.tile(layout.neutral(), (4096, 1)).astype(dtype)
+t = time.perf_counter()
+ke.animation.forward_kinematics(layout, q)
+print(time.perf_counter() - t)
+"""
+
+
+def first_call(path, dtype: str, cache: str) -> float:
+    """Seconds of the first native FK call (4096 frames) of a fresh process with the cache folder ``cache``."""
+    env = dict(os.environ, KANGENGINE_CACHE_DIR=cache, KANGENGINE_FK_BACKEND="native")
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL, str(path), dtype], env=env, check=True, capture_output=True
+    )
+    return float(out.stdout.decode().split()[-1])
+
+
+def crossover(args) -> None:
+    """Numpy replay vs native kernel at clip sizes; first-call cost with and without the kernel cache."""
+    path = DATA / "mjcf/protomotions/smpl_humanoid.xml"
+    desc = ke.asset.MJCFLoader.load(path)
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc)
+    tree = ke.animation.SkeletonTree.from_articulation(desc)
+    rng = np.random.default_rng(1)
+    n = max(args.sizes)
+    q = (np.tile(layout.neutral(), (n, 1)) + 0.3 * rng.normal(size=(n, layout.nq))).astype(args.dtype)
+    q[:, 3:7] /= np.linalg.norm(q[:, 3:7], axis=1, keepdims=True)
+    rot = ke.rotations.quat_from_rotvec(0.4 * rng.normal(size=(n, tree.num_nodes, 3))).astype(args.dtype)
+    root = rng.normal(size=(n, 3)).astype(args.dtype)
+    calls = {
+        "coordinates": lambda m: ke.animation.forward_kinematics(layout, q[:m]),
+        "skeleton": lambda m: tree.kinematics.from_local(root[:m], rot[:m]),
+    }
+    for fn in calls.values():  # build both kernels (or load them from the cache)
+        _with_backend("native", lambda fn=fn: fn(64))
+    print(f"FK crossover, SMPL humanoid, {args.dtype}: one call, best of N (CPU time / wall time)")
+    print(
+        f"  {'frames':>7} | {'coordinates: numpy':>22} {'native':>18} {'ratio':>6} | {'skeleton: numpy':>22} "
+        f"{'native':>18} {'ratio':>6}"
+    )
+    for m in args.sizes:
+        reps = max(3, min(50, 200_000 // m))
+        cells = []
+        for fn in calls.values():
+            tn = _with_backend("numpy", lambda fn=fn, m=m, r=reps: timed(lambda: fn(m), r))
+            tk = _with_backend("native", lambda fn=fn, m=m, r=reps: timed(lambda: fn(m), r))
+            cells.append(
+                f"{tn[1] * 1e3:9.3f} / {tn[0] * 1e3:8.3f} ms {tk[1] * 1e3:7.3f} / {tk[0] * 1e3:6.3f} ms "
+                f"{tn[1] / max(tk[1], 1e-9):5.1f}x"
+            )
+        print(f"  {m:7d} | " + " | ".join(cells))
+    with tempfile.TemporaryDirectory() as cache:
+        cold = first_call(path, args.dtype, cache)
+        warm = first_call(path, args.dtype, cache)
+    print(f"  first native call of a new process: {cold:.2f} s with an empty kernel cache, {warm:.2f} s with it")
 
 
 if __name__ == "__main__":

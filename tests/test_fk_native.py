@@ -1,8 +1,12 @@
 """The native (LLVM) execution of the traced forward-kinematics programs: equal to MuJoCo and to the
 numpy replay on every model, exact sin/cos (with numpy's taking over out of range), the backend policy
-and its fallbacks."""
+and its fallbacks, and the on-disk cache of built kernels (across processes, corrupted and unwritable)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import mujoco
 import numpy as np
@@ -18,6 +22,12 @@ from kangengine.asset import MJCFLoader
 from kangengine.errors import UnknownNameError
 
 pytestmark = pytest.mark.skipif(not _native.available(), reason="llvmlite is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _own_kernel_cache(tmp_path_factory, monkeypatch):
+    """Every test here sees one kernel cache of its own module (not the user's), so what it builds is known."""
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fk-cache"))
 
 
 def _backend(monkeypatch, mode):
@@ -165,12 +175,21 @@ def test_policy_and_fallbacks(monkeypatch):
     prog = kin._traced_coordinates(False)
     q = np.linspace(-1, 1, 50)[:, None]
     _backend(monkeypatch, "auto")
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(_fresh_dir(monkeypatch)))
     prog.native.clear()
-    kin.from_coordinates(q)  # small: the numpy replay, nothing built
-    assert not prog.native
-    monkeypatch.setattr(K, "_NATIVE_MIN_FRAMES", 50)
+    prog.not_on_disk.clear()
+    kin.from_coordinates(q)  # small, no kernel in memory or on disk: the numpy replay, nothing built
+    assert not prog.native and prog.not_on_disk
+    monkeypatch.setattr(K, "_NATIVE_BUILD_FRAMES", 50)  # a call this large builds the kernel
     kin.from_coordinates(q)
     assert isinstance(prog.native[(("qt",), np.dtype(np.float64))], _native.NativeKernel)
+    # a small call after that (another program object, as in a new process) loads it from the disk cache
+    monkeypatch.setattr(K, "_NATIVE_BUILD_FRAMES", 1 << 30)
+    prog.native.clear()
+    prog.not_on_disk.clear()
+    _, r = kin.from_coordinates(q[:3])
+    assert prog.native[(("qt",), np.dtype(np.float64))].from_cache
+    np.testing.assert_allclose(r[:, 0, 0], np.cos(q[:3, 0] / 2), atol=1e-15)
     # gradients and other dtypes take the torch / numpy replay
     tq = torch.as_tensor(q, dtype=torch.float32).requires_grad_()
     _, r = kin.from_coordinates(tq)
@@ -191,3 +210,84 @@ def test_policy_and_fallbacks(monkeypatch):
     _backend(monkeypatch, "fast")
     with pytest.raises(UnknownNameError, match="KANGENGINE_FK_BACKEND.*'fast' is not a backend"):
         kin.from_coordinates(q)
+
+
+def _fresh_dir(monkeypatch):
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="ke-fk-cache-")
+    monkeypatch.setattr(_native, "_source_digest", None)
+    return d
+
+
+def _smpl():
+    layout = ArticulationCoordinateLayout.from_data(
+        data=MJCFLoader.load(data_file("mjcf/protomotions/smpl_humanoid.xml")), free_root=True
+    )
+    kin = K.BodyKinematics(layout.tree_plan)
+    return layout, kin, kin._traced_coordinates(False)
+
+
+def test_kernel_cache_round_trip_corruption_and_keys(tmp_path, monkeypatch):
+    """A built kernel is stored once; a second build loads it (same results, bit for bit); a file that does not
+    check out is ignored and rewritten; another dtype or program is another file; an unwritable folder only
+    costs the rebuild."""
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(tmp_path))
+    _backend(monkeypatch, "native")
+    layout, kin, prog = _smpl()
+    trace = prog.trace
+    rng = np.random.default_rng(0)
+    q = np.tile(layout.neutral(), (3000, 1)) + 0.3 * rng.normal(size=(3000, layout.nq))
+    q[:, 3:7] /= np.linalg.norm(q[:, 3:7], axis=1, keepdims=True)
+    q = q.astype(np.float32)
+    built = _native.compile_trace(trace, ("qt",), np.float32)
+    files = list((tmp_path / "fk-native").glob("*.o"))
+    assert not built.from_cache and len(files) == 1
+    loaded = _native.compile_trace(trace, ("qt",), np.float32)
+    assert loaded.from_cache
+    assert _native.compile_trace(trace, ("qt",), np.float64, cached_only=True) is None  # another key
+    outs = []
+    for kern in (built, loaded):
+        prog.native[(("qt",), np.dtype(np.float32))] = kern
+        outs.append(kin.from_coordinates(q))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    _backend(monkeypatch, "numpy")
+    ref_p, ref_r = kin.from_coordinates(q.astype(np.float64))
+    assert np.abs(outs[1][0] - ref_p).max() < 2e-5 and np.abs(outs[1][1] - ref_r).max() < 2e-6
+    data = bytearray(files[0].read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the object code
+    files[0].write_bytes(bytes(data))
+    again = _native.compile_trace(trace, ("qt",), np.float32)
+    assert not again.from_cache and _native.compile_trace(trace, ("qt",), np.float32).from_cache
+    files[0].write_bytes(b"garbage")
+    assert _native.compile_trace(trace, ("qt",), np.float32, cached_only=True) is None
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(locked))
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root may write anyway)
+            assert not _native.compile_trace(trace, ("qt",), np.float32).from_cache
+            assert not list(locked.rglob("*.o"))
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_new_process_loads_the_cached_kernel(tmp_path):
+    """The first FK call of a fresh process finds the kernel an earlier process built (no rebuild)."""
+    script = (
+        "import numpy as np, kangengine as ke\n"
+        "from kangengine.animation import kinematics as K\n"
+        "from kangengine.data import data_path\n"
+        "layout = ke.animation.ArticulationCoordinateLayout.from_data(\n"
+        "    data=ke.asset.MJCFLoader.load(data_path('humanoid_CMU.xml')))\n"
+        "q = np.tile(layout.neutral(), (1000, 1)).astype(np.float32)\n"
+        "ke.animation.forward_kinematics(layout, q)\n"
+        "kern = [k for p in K._PROGRAMS.values() for g in p.values() for k in g.native.values()]\n"
+        "print(len(kern), kern[0].from_cache if kern else None)\n"
+    )
+    env = dict(os.environ, KANGENGINE_CACHE_DIR=str(tmp_path), KANGENGINE_FK_BACKEND="auto")
+    run = lambda e: subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, check=True)
+    assert run(env).stdout.split() == ["0", "None"]  # a small call builds nothing
+    assert run(dict(env, KANGENGINE_FK_BACKEND="native")).stdout.split() == ["1", "False"]  # built and stored
+    assert run(env).stdout.split() == ["1", "True"]  # the small call of a new process now uses it

@@ -41,13 +41,20 @@ __all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", 
 # -- native kernels ---------------------------------------------------------------------------------------
 # The same traced program, compiled to machine code for this CPU by :mod:`.native` (llvmlite) and run on
 # numpy arrays / CPU torch tensors through their data pointers. Policy (environment variable
-# ``KANGENGINE_FK_BACKEND``): "auto" (default) uses a native kernel for calls of at least
-# ``_NATIVE_MIN_FRAMES`` frames, building it on the first such call (under a second per program and
-# dtype, once per process); "native" uses one for every call; "numpy" never. The choice depends on
-# the call alone (not on earlier calls), so a given call always takes the same path. Without llvmlite,
-# or for torch tensors on CUDA or requiring grad, the Python replay runs.
-
-_NATIVE_MIN_FRAMES = 65536
+# ``KANGENGINE_FK_BACKEND``):
+#
+# * "auto" (default): the fastest strategy for the call's size and device. On the CPU the native kernel runs
+#   every call of at least ``_NATIVE_MIN_FRAMES`` frames (the measured crossover with the numpy replay, see
+#   docs/guide.md "FK speed") once it is built: kept in memory per program and dtype, and on disk across
+#   processes (:func:`.native.cache_dir`; a new process loads it in milliseconds). A call of at least
+#   ``_NATIVE_BUILD_FRAMES`` frames builds it when neither holds it (1-6 s, once per machine); a smaller call
+#   then runs the numpy replay instead of paying the build (the replay is within 2-17x of the kernel there, and
+#   equal to it to rounding). Torch tensors on CUDA or requiring grad always run the replay (torch ops).
+# * "native": a kernel for every CPU call (built when missing); "numpy": never.
+#
+# Without llvmlite the Python replay runs.
+_NATIVE_MIN_FRAMES = 1
+_NATIVE_BUILD_FRAMES = 65536
 _NATIVE_CHUNK = 16384
 _NATIVE_LOCK = threading.Lock()
 _BACKENDS = ("auto", "numpy", "native")
@@ -90,6 +97,9 @@ def _native_kernel(prog: _Program, inputs: tuple[str, ...], arrays: Sequence, n:
     key = (inputs, dt)
     if key in prog.native:
         return prog.native[key]
+    build = mode == "native" or n >= _NATIVE_BUILD_FRAMES
+    if not build and key in prog.not_on_disk:
+        return None
     with _NATIVE_LOCK:
         if key not in prog.native:
             from . import native
@@ -97,7 +107,7 @@ def _native_kernel(prog: _Program, inputs: tuple[str, ...], arrays: Sequence, n:
             kern = None
             if native.available():
                 try:
-                    kern = native.compile_trace(prog.trace, inputs, dt)
+                    kern = native.compile_trace(prog.trace, inputs, dt, cached_only=not build)
                 except Exception as exc:  # never fail a call over the fast path: replay instead
                     warnings.warn(
                         f"kangengine: native forward-kinematics kernel could not be built ({exc}); "
@@ -105,18 +115,24 @@ def _native_kernel(prog: _Program, inputs: tuple[str, ...], arrays: Sequence, n:
                         RuntimeWarning,
                         stacklevel=4,
                     )
+                    build = True  # remember the failure: no retry in this process
+            if kern is None and not build:
+                prog.not_on_disk.add(key)  # looked up once per process; a large call builds it
+                return None
             prog.native[key] = kern
     return prog.native[key]
 
 
 class _Program:
     """A traced program: calling it runs the Python replay (numpy/torch, any device); its native kernels
-    (:mod:`.native`) are kept per ``(input names, dtype)`` in ``native`` (None: could not be built)."""
+    (:mod:`.native`) are kept per ``(input names, dtype)`` in ``native`` (None: could not be built);
+    ``not_on_disk`` holds the keys a small call found neither in memory nor in the disk cache."""
 
     def __init__(self, trace: Trace):
         self.trace = trace
         self.fn = compile_replay(trace)
         self.native: dict = {}
+        self.not_on_disk: set = set()
 
     def __call__(self, *args):
         return self.fn(*args)

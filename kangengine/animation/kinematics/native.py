@@ -26,19 +26,31 @@ recomputes that chunk with numpy's sin/cos, so every input gets a correctly redu
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
+import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 
 from .replay import is_torch, run_chunks
 from .trace import Trace
 
-__all__ = ["NativeKernel", "available", "compile_program", "compile_trace", "kernel_ir", "run_kernel"]
+__all__ = [
+    "NativeKernel",
+    "available",
+    "cache_dir",
+    "cache_key",
+    "compile_program",
+    "compile_trace",
+    "kernel_ir",
+    "run_kernel",
+]
 
 # Frames per SIMD block: one 512-bit register (two 256-bit ones) per value.
 _WIDTH = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
@@ -116,6 +128,7 @@ class NativeKernel:
     def __init__(self, engine, address: int, n_in: int, n_out: int, dtype: np.dtype):
         self._engine = engine  # owns the machine code
         self.n_in, self.n_out, self.dtype = n_in, n_out, dtype
+        self.from_cache = False  # whether the object code was loaded from the on-disk cache
         argtypes = [ctypes.c_void_p, ctypes.c_int64] * (n_in + n_out) + [ctypes.c_int64]
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int64, *argtypes)(address)
 
@@ -425,27 +438,118 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     return "\n".join(out) + "\n"
 
 
-def compile_program(ops, outputs, n_in: int, n_out: int, dtype) -> NativeKernel:
-    """Compile a traced program (see :func:`kernel_ir`) for this CPU. Raises when llvmlite is missing."""
+# -- the on-disk cache of built kernels --------------------------------------------------------------------
+# A built kernel's object code is kept in the user cache folder, so that a new process loads it in
+# milliseconds instead of running LLVM's optimiser and code generator again (1-6 s for a humanoid's program).
+# The file name is a hash of everything the machine code depends on: the program (ops, outputs, arity, dtype),
+# this file's source (the code generator), the llvmlite and LLVM versions, the CPU name and its features. Each
+# file holds a magic line, the SHA-256 of the object code, then the object code; a file that does not check out
+# is ignored (and rewritten). Files are written atomically (temp file + rename); a cache folder that cannot be
+# written only costs the rebuild.
+_CACHE_MAGIC = b"KANGENGINE-FK-OBJECT 1\n"
+_CACHE_ENV = "KANGENGINE_CACHE_DIR"
+_source_digest: str | None = None
+
+
+def cache_dir() -> Path:
+    """Folder of the native kernel cache: ``$KANGENGINE_CACHE_DIR/fk-native`` when set, else
+    ``$XDG_CACHE_HOME/kangengine/fk-native`` (default ``~/.cache/kangengine/fk-native``; on Windows
+    ``%LOCALAPPDATA%``)."""
+    root = os.environ.get(_CACHE_ENV)
+    if root:
+        return Path(root) / "fk-native"
+    base = os.environ.get("XDG_CACHE_HOME") or os.environ.get("LOCALAPPDATA") or str(Path.home() / ".cache")
+    return Path(base) / "kangengine" / "fk-native"
+
+
+def cache_key(ops, outputs, n_in: int, n_out: int, dtype) -> str:
+    """Hex SHA-256 naming the cached object code of a program on this machine (see the notes above)."""
+    global _source_digest
+    llvm = _binding()
+    if _source_digest is None:
+        _source_digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    import llvmlite
+
+    h = hashlib.sha256()
+    for part in (
+        _source_digest,
+        llvmlite.__version__,
+        ".".join(map(str, llvm.llvm_version_info)) if llvm is not None else "",
+        _host[0],
+        _host[1],
+        np.dtype(dtype).str,
+        f"{n_in},{n_out}",
+        repr(list(outputs)),
+        repr(list(ops)),
+    ):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _cache_read(path: Path) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(_CACHE_MAGIC)
+    if not data.startswith(_CACHE_MAGIC) or len(data) < head + 32:
+        return None
+    digest, obj = data[head : head + 32], data[head + 32 :]
+    return obj if obj and hashlib.sha256(obj).digest() == digest else None
+
+
+def _cache_write(path: Path, obj: bytes) -> None:
+    from ..._files import atomic_write
+
+    try:
+        atomic_write(path, lambda f: f.write(_CACHE_MAGIC + hashlib.sha256(obj).digest() + obj))
+    except OSError:  # read-only or full cache folder: the next process builds again
+        pass
+
+
+def compile_program(
+    ops, outputs, n_in: int, n_out: int, dtype, *, cache: bool = True, cached_only: bool = False
+) -> NativeKernel | None:
+    """Compile a traced program (see :func:`kernel_ir`) for this CPU. Raises when llvmlite is missing.
+
+    ``cache``: load the object code from the on-disk cache (:func:`cache_dir`) when it holds this program for
+    this machine, else build it and store it there. ``NativeKernel.from_cache`` tells which happened.
+    ``cached_only``: return ``None`` instead of building when the cache does not hold the program."""
     llvm = _binding()
     if llvm is None:
         raise RuntimeError("llvmlite is not available")
-    text = kernel_ir(ops, outputs, n_in, n_out, dtype)
+    path = cache_dir() / f"{cache_key(ops, outputs, n_in, n_out, dtype)}.o" if cache or cached_only else None
+    obj = _cache_read(path) if path is not None else None
+    if obj is None and cached_only:
+        return None
+    text = "" if obj is not None else kernel_ir(ops, outputs, n_in, n_out, dtype)
+    built: list[bytes] = []
     with _lock:  # LLVM contexts are not shared between threads while compiling
-        mod = llvm.parse_assembly(text)
+        mod = llvm.parse_assembly(text)  # an empty module when the object code comes from the cache
         mod.verify()
         tm = _target_machine(llvm)
-        if hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44 (new pass manager)
+        if obj is None and hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44 (new pass manager)
             pto = llvm.create_pipeline_tuning_options(speed_level=2)
             pb = llvm.create_pass_builder(tm, pto)
             pb.getModulePassManager().run(mod, pb)
         engine = llvm.create_mcjit_compiler(mod, tm)
+        if path is not None:
+            engine.set_object_cache(lambda _m, buf: built.append(bytes(buf)), lambda _m: obj)
         engine.finalize_object()
         address = engine.get_function_address("kernel")
-    return NativeKernel(engine, address, n_in, n_out, np.dtype(dtype))
+    if not address:
+        raise RuntimeError("the native kernel has no entry point")
+    if path is not None and obj is None and built:
+        _cache_write(path, built[0])
+    kern = NativeKernel(engine, address, n_in, n_out, np.dtype(dtype))
+    kern.from_cache = obj is not None
+    return kern
 
 
-def compile_trace(trace: Trace, inputs: Sequence[str], dtype) -> NativeKernel:
+def compile_trace(
+    trace: Trace, inputs: Sequence[str], dtype, *, cache: bool = True, cached_only: bool = False
+) -> NativeKernel | None:
     """Compile ``trace`` for this CPU, its input arrays in the order ``inputs`` (names from the trace's
     ``load`` ops) and its output arrays in the order they first appear in ``trace.outputs``."""
     columns = trace.output_columns
@@ -453,7 +557,7 @@ def compile_trace(trace: Trace, inputs: Sequence[str], dtype) -> NativeKernel:
     idx = {a: i for i, a in enumerate(inputs)}
     ops = [(d, op, idx[a], b) if op == "load" else (d, op, a, b) for d, op, a, b in trace.ops]
     outs = [(out_names.index(o), c, v) for o, c, v in columns]
-    return compile_program(ops, outs, len(inputs), len(out_names), dtype)
+    return compile_program(ops, outs, len(inputs), len(out_names), dtype, cache=cache, cached_only=cached_only)
 
 
 def _frame_rows(x):
