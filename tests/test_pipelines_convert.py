@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -101,3 +102,65 @@ def test_cli_convert(clips, tmp_path, capsys):
     assert main(["convert", str(MODEL), str(good), "--config", "no_such_config", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "no_such_config" in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
+
+
+def test_globs_folders_and_output_stems(tmp_path):
+    from kangengine.pipelines.batch import collect_clips, output_stems
+
+    walk = data_file("bvh/cmu/02_01_cgspeed_walk.bvh")
+    for rel in ("a/x.bvh", "a/b/y.bvh", "a/b/.hidden.bvh", "c/z.bvh", "c/z.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(walk, tmp_path / rel)
+    exts = ke.pipelines.MOTION_LOADERS
+    assert [c.rel for c in collect_clips([tmp_path / "a"], extensions=exts)] == ["b/y.bvh", "x.bvh"]
+    found = collect_clips([str(tmp_path / "**" / "*.bvh"), tmp_path / "c"], extensions=exts)
+    assert [c.rel for c in found] == ["a/b/y.bvh", "a/x.bvh", "c/z.bvh"]  # the overlap is listed once
+    with pytest.raises(ke.errors.FileMissingError):
+        collect_clips([str(tmp_path / "nothing_*.bvh")], extensions=exts)
+    stems = output_stems(["w/a.bvh", "w/a.fbx", "w/b.bvh"])
+    assert stems[2] == "w/b" and stems[0].startswith("w/a-") and stems[1].startswith("w/a-") and stems[0] != stems[1]
+    assert output_stems(["walk a.npz", "walk_a.npz", "ok.npz"], clean=True)[2] == "ok"
+    assert len(set(output_stems(["walk a.npz", "walk_a.npz"], clean=True))) == 2
+
+
+def test_manifest_skips_a_torn_line_and_keeps_the_latest_entry(tmp_path):
+    from kangengine.pipelines.batch import append_manifest, read_manifests
+
+    append_manifest(tmp_path / "manifest.jsonl", {"clip": "a.bvh", "status": "failed", "time": 1.0})
+    append_manifest(tmp_path / "manifest.shard-0-of-2.jsonl", {"clip": "a.bvh", "status": "done", "time": 2.0})
+    append_manifest(tmp_path / "manifest.jsonl", {"clip": "b.bvh", "status": "done", "time": 3.0})
+    with open(tmp_path / "manifest.jsonl", "ab") as f:
+        f.write(b'{"clip": "c.bvh", "sta')  # what a kill inside a write would leave
+    latest = read_manifests(tmp_path)
+    assert sorted(latest) == ["a.bvh", "b.bvh"] and latest["a.bvh"]["status"] == "done"
+
+
+def test_left_over_temporaries_of_this_run_are_removed_others_kept(clips, tmp_path):
+    import tempfile
+
+    good, _, _ = clips
+    out = tmp_path / "out"
+    out.mkdir()
+    fd, mine = tempfile.mkstemp(prefix=".walk.npz.", suffix=".npz.tmp", dir=out)  # atomic_write's name
+    os.close(fd)
+    fd, other = tempfile.mkstemp(prefix=".other_clip.npz.", suffix=".npz.tmp", dir=out)  # another shard's
+    os.close(fd)
+    convert_clips([good], MODEL, options=OPTS, out_dir=out)
+    assert not os.path.exists(mine) and os.path.exists(other)
+
+
+def test_reader_options_reach_the_reader_or_are_noted(clips, tmp_path):
+    good, _, _ = clips
+    desc = ke.asset.load(MODEL)
+    mapper = ke.animation.ArticulationMotionMapper(ke.animation.ArticulationCoordinateLayout.from_data(data=desc))
+    detected = ke.pipelines.map_clip(good, desc, mapper, OPTS.config)[2].metadata
+    given = ke.pipelines.map_clip(good, desc, mapper, OPTS.config, load_options={"units": "cm"})[2].metadata
+    assert detected["source_units"] == "cmu" and given["scale"] == ke.io.BVH_LENGTH_UNITS["cm"]
+    # a KangEngine skeleton .npz takes no reader options: converted, with a note in its warnings
+    npz = tmp_path / "walk_skeleton.npz"
+    ke.io.load_bvh(good).save_npz(npz)
+    report = convert_clips([npz], MODEL, options=OPTS, out_dir=tmp_path / "o", load_options={"units": "cm"})
+    (outcome,) = report.outcomes
+    assert outcome.status == "converted" and any("does not apply" in w for w in outcome.warnings)
+    line = json.loads((tmp_path / "o" / "manifest.jsonl").read_text())
+    assert line["warnings"] == list(outcome.warnings)

@@ -171,9 +171,11 @@ def _reader_options(path: Path, load_options: Mapping | None) -> tuple[dict, lis
         accepted = set(inspect.signature(_resolve(target)).parameters) - {"path"}
     kept = {k: v for k, v in opts.items() if k in accepted}
     notes = [
-        f"option {k}={v!r} does not apply to {ext or 'this'} files: ignored" for k, v in opts.items() if k not in kept
+        f"option {k}={v!r} does not apply to {ext or 'extensionless'} files: ignored"
+        for k, v in opts.items()
+        if k not in kept
     ]
-    return kept, notes
+    return kept, early + notes
 
 
 def map_clip(
