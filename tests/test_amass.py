@@ -401,3 +401,43 @@ def test_load_motion_dispatches_amass_npz(tmp_path, model_dir):
     a = ke.pipelines.load_motion(tmp_path / "c.npz", model_dir=model_dir)
     b = amass.load(tmp_path / "c.npz", model_dir=model_dir)
     np.testing.assert_allclose(a.global_translation, b.global_translation)
+
+
+# -- issue 17: AMASS npz reads only its keys, each checked --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("mocap_framerate", np.array(["a", "b"]), "expected one value"),
+        ("mocap_framerate", np.array("120"), "expected a number"),
+        ("mocap_framerate", np.array(np.nan), "finite"),
+        ("surface_model_type", np.array([1, 2]), "expected one string"),
+        ("gender", np.array(3.0), "expected a string"),
+    ],
+)
+def test_scalar_keys_are_checked_and_named(tmp_path, key, value, expected):
+    p = tmp_path / "bad.npz"
+    _clip(p, "smpl", **{key: value})
+    with pytest.raises(FormatError) as info:
+        amass.load(p)
+    msg = str(info.value)
+    assert str(p) in msg and key in msg and expected in msg, msg
+
+
+def test_only_the_clip_keys_are_read_and_random_bytes_are_not_an_npz(tmp_path):
+    import tracemalloc
+
+    p = tmp_path / "big.npz"
+    _clip(p, "smpl", dmpl_cache=np.zeros(4_000_000))  # 32 MB that read_params never needs
+    tracemalloc.start()
+    try:
+        params = amass.read_params(p)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert params.num_frames == T and peak < 4 << 20, peak
+    noise = tmp_path / "noise.npz"
+    noise.write_bytes(np.random.default_rng(1).integers(0, 256, 2048, dtype=np.uint8).tobytes())
+    with pytest.raises(FormatError, match="not an npz file"):
+        amass.load(noise)
