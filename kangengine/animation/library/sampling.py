@@ -78,7 +78,6 @@ def _normalize_quats_(quats, ones4=None) -> None:
 # small-angle branch.
 _MIN_PAIR_ANGLE = {"float32": 1e-4, "float64": 1e-8}
 _PAIR_CHUNK = 1 << 16  # frames per float64 chunk in pair_angle_table
-_SLERP_CHUNK = 4096  # queries per block of the slerp on the CPU (temporaries stay in cache)
 
 
 def pair_angle_table(quats, last_frame):
@@ -407,39 +406,33 @@ class SamplingMixin:
 
     def _blend_rows(self, table, frame0, frame1, w, out, quat_cols: slice) -> None:
         """``out = blend(table[frame0], table[frame1], w)``: gather the frame0 rows straight into ``out`` and the
-        frame1 rows into a scratch buffer, lerp the other columns in place, and slerp (or nlerp) the quaternion
-        columns. ``frame1`` must be the successor of ``frame0`` in its clip (or ``frame0`` at a clip's end), as
-        :meth:`sample` makes it: the slerp reads the angle of that frame pair from :func:`pair_angle_table`."""
+        frame1 rows into a scratch buffer, lerp whole rows in place, and slerp (or renormalise: nlerp) the
+        quaternion columns. ``frame1`` must be the successor of ``frame0`` in its clip (or ``frame0`` at a clip's
+        end), as :meth:`sample` makes it: the slerp reads that frame pair's angle from :func:`pair_angle_table`."""
         import torch
 
         n = frame0.shape[0]
         r1 = self._scratch("r1", table, (n, table.shape[1]))
         _gather_rows(table, frame0, out)
         _gather_rows(table, frame1, r1)
-        lo, hi = quat_cols.start, quat_cols.stop
         if self.interpolation is not Interpolation.SLERP:
             out.lerp_(r1, w)
             self._normalize_(out[:, quat_cols])
             return
-        k = (hi - lo) // 4
-        pairs = self._pair_angles(table, quat_cols)
+        k = (quat_cols.stop - quat_cols.start) // 4
+        # per-quaternion weights on [n, k] (one sin, one cos), expanded to the 4 components by a column gather
+        # (broadcasting over a trailing 4 is slow on the CPU); the quaternion columns are blended into a
+        # scratch block first, since the whole-row lerp (contiguous, fast) overwrites frame0's values
+        p = self._scratch("pair_rows", table, (n, 3 * k))
+        torch.index_select(self._pair_angles(table, quat_cols), 0, frame0, out=p)
+        w0, w1, x = (self._scratch(name, table, (n, k)) for name in ("w0", "w1", "x"))
+        _slerp_weights(p, w, k, x, w0, w1)
         rep = self._consts(table)["rep4"][: 4 * k]
-        step = _SLERP_CHUNK if out.device.type == "cpu" else max(n, 1)
-        for c0 in range(0, n, step):  # blocks of queries, so that the temporaries stay in cache on the CPU
-            c1 = min(n, c0 + step)
-            m = c1 - c0
-            o, r, wc = out[c0:c1], r1[c0:c1], w[c0:c1]
-            p = self._scratch("pair_rows", table, (m, 3 * k))
-            torch.index_select(pairs, 0, frame0[c0:c1], out=p)
-            w0, w1 = self._scratch("w0", table, (m, k)), self._scratch("w1", table, (m, k))
-            x = self._scratch("x", table, (m, k))
-            _slerp_weights(p, wc, k, x, w0, w1)
-            w4 = self._scratch("w4", table, (m, 4 * k))
-            q = self._scratch("q", table, (m, 4 * k))
-            torch.mul(o[:, quat_cols], torch.index_select(w0, 1, rep, out=w4), out=q)
-            q.addcmul_(r[:, quat_cols], torch.index_select(w1, 1, rep, out=w4))
-            o.lerp_(r, wc)  # the whole row (contiguous); the quaternion columns are then replaced
-            o[:, quat_cols] = q
+        w4, q = self._scratch("w4", table, (n, 4 * k)), self._scratch("q", table, (n, 4 * k))
+        torch.mul(out[:, quat_cols], torch.index_select(w0, 1, rep, out=w4), out=q)
+        q.addcmul_(r1[:, quat_cols], torch.index_select(w1, 1, rep, out=w4))
+        out.lerp_(r1, w)
+        out[:, quat_cols] = q
 
     def _pair_angles(self, table, quat_cols: slice):
         """:func:`pair_angle_table` of ``table``'s quaternion columns, built on first use after the buffers
@@ -468,7 +461,7 @@ class SamplingMixin:
         key = (name, like.data_ptr(), tuple(shape))
         buf = self._scratch_cache.get(key)
         if buf is None:
-            if sum(1 for k in self._scratch_cache if k[0] != "pairs") >= 16:
+            if sum(1 for k in self._scratch_cache if k[0] != "pairs") >= 32:  # (2 tables x 2 sizes)
                 for k in [k for k in self._scratch_cache if k[0] != "pairs"]:
                     del self._scratch_cache[k]
             buf = torch.empty(shape, dtype=like.dtype, device=like.device)
