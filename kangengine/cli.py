@@ -212,6 +212,16 @@ def _inputs(args, command: str):
         args.config = args.config or "cmu_bvh_to_cmu_humanoid"
     if model is None or not clips:
         raise _UsageError("give MODEL and INPUT... (clip files, folders, globs), or --example", item=command)
+    if not Path(model).is_file():
+        raise _UsageError("no such model file; expected MJCF (.xml) or URDF (.urdf)", path=model)
+    from .pipelines import MOTION_LOADERS, collect_clips
+
+    try:
+        found = collect_clips(clips, extensions=MOTION_LOADERS)
+    except KangEngineError as exc:
+        raise _UsageError(str(exc)) from None
+    if not found:
+        raise _UsageError(f"no motion files ({', '.join(sorted(MOTION_LOADERS))}) in {', '.join(clips)}")
     if (args.shard_index is None) != (args.shard_count is None):
         raise _UsageError("give --shard-index and --shard-count together", item="--shard-index")
     if args.shard_count is not None and not (args.shard_count >= 1 and 0 <= args.shard_index < args.shard_count):

@@ -114,6 +114,9 @@ def test_python_dash_m_kangengine_and_bad_arguments_give_one_line_and_exit_2(tmp
         ["convert", MODEL, tmp_path, "--config", CONFIG, "--shard-index", "2", "--shard-count", "2"],
         ["convert", MODEL, tmp_path, "--config", "no_such_config", "--out", tmp_path / "o"],
         ["convert", MODEL, tmp_path, "--config", CONFIG, "--scale", "0.01", "--units", "cm"],
+        ["convert", MODEL, tmp_path / "no_such_folder", "--config", CONFIG],
+        ["convert", MODEL, tmp_path, "--config", CONFIG],  # a folder without motion files
+        ["convert", tmp_path / "no_such_model.xml", tmp_path, "--config", CONFIG],
         ["validate"],
         ["frobnicate"],
     ):
@@ -289,6 +292,30 @@ def test_sigkill_at_a_random_moment_then_rerun(tmp_path, workers):
     for e in after:
         motion = ke.animation.load_articulation_motion_npz(out / e["output"], layout)
         assert motion.num_frames == 20 and motion.metadata["fingerprint"] == e["fingerprint"]
+
+
+def test_validate_killed_during_a_batch_resumes_without_redoing_finished_clips(converted, tmp_path):
+    _, conv = converted
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kangengine", "validate", str(MODEL), str(conv), "--out", str(out)]
+    cmd += ["--no-plots", "--batch-size", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stderr.readline()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    assert line.startswith("[1/4]")
+    first = _manifest(out / "manifest.jsonl")
+    assert len(first) >= 1
+    assert main(cmd[3:] + ["--quiet"]) == 0
+    after = _manifest(out / "manifest.jsonl")
+    assert after[: len(first)] == first and sorted(e["clip"] for e in after) == sorted(
+        str(Path(c).with_suffix(".npz")) for c in GOOD
+    )  # each clip once: those finished before the kill were not redone
+    assert not list(out.rglob("*.tmp")) and all(json.loads((out / e["report"]).read_text()) for e in after)
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert len(rows) == 4
 
 
 def test_ctrl_c_ends_cleanly_with_one_line_and_exit_130(tmp_path):
