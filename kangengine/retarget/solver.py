@@ -183,31 +183,43 @@ def _quat_log(q):
 
 
 def _dof_moments(frames, tables):
-    """Per DOF ``[N, V, 3]`` world axis and moment, split so that ``dx/dq = a_rot x x - m_rot + a_trans``."""
+    """``[N, 4, 3, V]``: per DOF the coefficients of ``dx_i/dq = sum_k C[k, i] (x, y, z, 1)_k`` for a world
+    point ``x``: rotation ``a x (x - c) = a x x - a x c``, translation ``a``."""
     import torch
 
     anchor = frames.joint_positions[:, tables.dof_step]  # [N, V, 3]
     axes = frames.dof_axes  # [N, V, 3]
     rot = tables.dof_rotational.to(axes.dtype)[None, :, None]
-    a_rot = axes * rot
-    return a_rot, torch.linalg.cross(a_rot, anchor, dim=-1), axes - a_rot
+    a = axes * rot
+    const = axes - a - torch.linalg.cross(a, anchor, dim=-1)  # [N, V, 3]
+    ax, ay, az = a.unbind(-1)
+    zero = torch.zeros_like(ax)
+    # rows i = x, y, z of (a x p) as coefficients of p_x, p_y, p_z
+    coef = torch.stack(
+        (
+            torch.stack((zero, az, -ay), 1),  # coefficient of p_x in (a x p)_x, _y, _z
+            torch.stack((-az, zero, ax), 1),  # of p_y
+            torch.stack((ay, -ax, zero), 1),  # of p_z
+            const.transpose(1, 2),  # constant term
+        ),
+        1,
+    )  # [N, 4, 3, V]
+    return coef
 
 
-def _point_jacobian(x, body, moments, tables, out):
+def _point_jacobian(x, body, coef, tables, out):
     """Write the Jacobian ``[N, P, 3, V]`` of world points ``x [N, P, 3]`` on bodies ``body [P]`` into ``out``
-    (a view of that shape; ``[N, P, 1, V]``: the z row only).
+    (a view of that shape; ``[N, P, 1, V]``: the z row only): one batched product of ``(x, y, z, 1)`` with the
+    per-DOF coefficients, then the mask of the DOFs that move each body."""
+    import torch
 
-    Written by components, ``(a x x)_i`` from ``[N, P, 1] x [N, 1, V]`` products, so no ``[N, P, V, 3]`` lever
-    array is built."""
-    a, m, t = moments
-    mask = tables.moves_body[:, body].T[None]  # [1, P, V]
-    ax, ay, az = (a[:, None, :, k] for k in range(3))
-    xx, xy, xz = (x[:, :, None, k] for k in range(3))
-    z = out.shape[2] - 1
-    out[:, :, z] = (ax * xy - ay * xx - m[:, None, :, 2] + t[:, None, :, 2]) * mask
-    if z:
-        out[:, :, 0] = (ay * xz - az * xy - m[:, None, :, 0] + t[:, None, :, 0]) * mask
-        out[:, :, 1] = (az * xx - ax * xz - m[:, None, :, 1] + t[:, None, :, 1]) * mask
+    n, p = x.shape[:2]
+    rows = out.shape[2]
+    c = coef[:, :, 3 - rows :] if rows < 3 else coef  # [N, 4, rows, V]
+    feat = torch.cat((x, x.new_ones((n, p, 1))), -1)  # [N, P, 4]
+    j = (feat @ c.reshape(n, 4, -1)).view(n, p, rows, -1)
+    torch.mul(j, tables.moves_body[:, body].T[None, :, None, :], out=j)
+    out.copy_(j)
 
 
 def _normal_equations(q, tasks: IKTasks, tables, layout):
@@ -238,7 +250,7 @@ def _normal_equations(q, tasks: IKTasks, tables, layout):
         cur = brot[:, tasks.orient_body]
         conj = cur * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
         err = _quat_log(_quat_mul(tasks.orient_target_wxyz, conj))  # [N, O, 3]
-        a_rot = moments[0].transpose(1, 2)  # [N, 3, V]
+        a_rot = (fr.dof_axes * tables.dof_rotational.to(q.dtype)[None, :, None]).transpose(1, 2)  # [N, 3, V]
         jac[:, o0 : o0 + 3 * no].view(n, no, 3, nv)[:] = (
             a_rot[:, None] * tables.moves_body[:, tasks.orient_body].T[None, :, None, :]
         )
