@@ -864,3 +864,126 @@ def test_float64_library(amp):
     s = lb.sample([0, 2], [0.3, 1.0])
     assert s.root_positions.dtype == torch.float64 and lb.sample_kinematics(s).body_positions.dtype == torch.float64
     assert Interpolation("slerp") is Interpolation.SLERP
+
+
+# -- issue 17: MotionLibrary.load validates the file's tables at load ------------------------------------------
+
+
+def _rewrite(src, dst, *, tensors=None, header=None, meta=None):
+    """Copy library file ``src`` to ``dst`` with some tensors, header fields or metadata replaced."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        old_meta = dict(f.metadata())
+        ts = {k: f.get_tensor(k) for k in f.keys()}
+    ts.update(tensors or {})
+    h = json.loads(old_meta["header"])
+    h.update(header or {})
+    old_meta["header"] = json.dumps(h)
+    old_meta.update(meta or {})
+    save_file({k: v.contiguous() for k, v in ts.items()}, str(dst), metadata=old_meta)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def saved_library(amp, tmp_path_factory):
+    p = tmp_path_factory.mktemp("lib") / "amp.safetensors"
+    MotionLibrary(amp, precompute_kinematics=True).save(p)
+    return p
+
+
+def test_load_refuses_shifted_starts_instead_of_returning_another_clips_frames(saved_library, tmp_path):
+    good = MotionLibrary.load(saved_library)
+    start = good.clip_frame_start.clone()
+    shifted = torch.roll(start, 1)  # clip 0 would read clip 2's frames, and so on
+    bad = _rewrite(saved_library, tmp_path / "shifted.safetensors", tensors={"clip_frame_start": shifted})
+    with pytest.raises(FormatError) as info:
+        MotionLibrary.load(bad)
+    msg = str(info.value)
+    assert str(bad) in msg and "clip_frame_start" in msg and "cumulative" in msg
+    with pytest.raises(FormatError, match="clip_frame_start"):
+        MotionLibrary.load(bad, skip_checks=True)  # tables are checked on the fast path too
+
+
+@pytest.mark.parametrize(
+    ("table", "make", "expected"),
+    [
+        ("clip_weight", lambda t: t * 0, "positive sum"),
+        ("clip_weight", lambda t: t * float("nan"), "finite weights"),
+        ("clip_weight", lambda t: -t, "finite weights"),
+        ("clip_fps", lambda t: t * 0, "frames per second > 0"),
+        ("clip_fps", lambda t: t * float("inf"), "frames per second > 0"),
+        ("clip_frame_start", lambda t: t + 10_000, "cumulative"),
+        ("clip_frame_count", lambda t: t * 0, ">= 1 frame"),
+        ("clip_frame_count", lambda t: t + 1, "sum to"),
+        ("clip_fps", lambda t: t[:-1], "shape"),
+        ("clip_loop_displacement", lambda t: t[:, :2], "shape"),
+        ("clip_weight", lambda t: t.to(torch.int64), "dtype"),
+        ("frames_packed", lambda t: t[:, :-1], "shape"),
+        ("kinematics_packed", lambda t: t[:-1], "shape"),
+        ("skeleton_parent_indices", lambda t: t.double(), "dtype"),
+        ("clip_metadata_json", lambda t: torch.tensor([0xFF, 0xFE], dtype=torch.uint8), "UTF-8"),
+    ],
+)
+def test_load_validates_each_table(saved_library, tmp_path, table, make, expected):
+    from safetensors import safe_open
+
+    with safe_open(str(saved_library), framework="pt") as f:
+        t = f.get_tensor(table)
+    bad = _rewrite(saved_library, tmp_path / "bad.safetensors", tensors={table: make(t)})
+    with pytest.raises(FormatError) as info:
+        MotionLibrary.load(bad)
+    msg = str(info.value)
+    assert str(bad) in msg and table in msg and expected in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("header", "meta", "expected"),
+    [
+        ({"clip_names": ["a"]}, None, "clip_frame_count"),
+        ({"interpolation": "cubic"}, None, "interpolation"),
+        ({"node_names": 7}, None, "node_names"),
+        ({"dtype": "float16"}, None, "dtype"),
+        ({"backend_fields": [["q", "x"]]}, None, "backend_fields"),
+        (None, {"format_version": "one"}, "format_version"),
+        (None, {"header": "[" * 100_000}, "header"),
+        (None, {"header": "17"}, "header"),
+    ],
+)
+def test_load_validates_the_header(saved_library, tmp_path, header, meta, expected):
+    bad = tmp_path / "bad.safetensors"
+    if meta and "header" in meta:
+        _rewrite(saved_library, bad)
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        with safe_open(str(bad), framework="pt") as f:
+            m = dict(f.metadata()) | meta
+            ts = {k: f.get_tensor(k) for k in f.keys()}
+        save_file(ts, str(bad), metadata=m)
+    else:
+        _rewrite(saved_library, bad, header=header, meta=meta)
+    with pytest.raises(FormatError) as info:
+        MotionLibrary.load(bad)
+    assert str(bad) in str(info.value) and expected in str(info.value), str(info.value)
+
+
+def test_load_scans_frames_unless_skip_checks(saved_library, tmp_path):
+    from safetensors import safe_open
+
+    with safe_open(str(saved_library), framework="pt") as f:
+        frames = f.get_tensor("frames_packed").clone()
+    nan = frames.clone()
+    nan[7, 2] = float("nan")
+    scaled = frames.clone()
+    scaled[9, 3:7] *= 1.001  # the root rotation of row 9 no longer unit
+    for name, t, expected in (("nan", nan, "NaN"), ("scaled", scaled, "unit quaternions")):
+        bad = _rewrite(saved_library, tmp_path / f"{name}.safetensors", tensors={"frames_packed": t})
+        with pytest.raises(FormatError) as info:
+            MotionLibrary.load(bad)
+        assert str(bad) in str(info.value) and "frames_packed" in str(info.value) and expected in str(info.value)
+        assert MotionLibrary.load(bad, skip_checks=True).total_frames == frames.shape[0]  # the trusted fast path
+    a, b = MotionLibrary.load(saved_library), MotionLibrary.load(saved_library, skip_checks=True)
+    ids, times = torch.tensor([0, 1, 2]), torch.tensor([0.3, 0.9, 1.1], dtype=torch.float64)
+    assert torch.equal(a.sample(ids, times).rows, b.sample(ids, times).rows)
