@@ -6,17 +6,21 @@ Ours steps at h = 1/60 s (implicit: stable at control rates); MuJoCo at the mode
 also at 1/60 s. Two ratios are printed: per environment step against MuJoCo at the same 1/60 s step (the
 issue's CPU target: at least 1x at 1024 worlds), and per simulated second against MuJoCo at its 5 ms.
 
-Ours uses all cores by default (``--threads``, default: the machine's cores; the issue's target compares
-that against MuJoCo's single-thread rollout); ``--solver`` picks the Newton solver (default ``auto``: the
-tree-sparse factorisation from 256 worlds on CPU, a batched dense Cholesky below).
+Ours uses ``--threads`` torch threads (default 1, the tracker's default: see docs/sim.md, "Threads");
+``--load N`` starts N busy-loop processes for the run (the loaded-machine case: other work holding cores);
+the OpenMP wait policy in force is printed (set ``OMP_WAIT_POLICY`` in the environment: it must be set
+before torch loads). ``--solver`` picks the Newton solver (default ``auto``: the tree-sparse factorisation
+from 256 worlds on CPU, a batched dense Cholesky below).
 
-    python benchmarks/bench_sim.py [--worlds 1,64,1024] [--threads N] [--iterations 2] [--solver auto] [--compile]
+    python benchmarks/bench_sim.py [--worlds 1,64,1024] [--threads N] [--load N] [--iterations 2] [--solver auto]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import mujoco
@@ -80,16 +84,21 @@ def ours_rate(model, n: int, seconds: float, iterations: int, compile_step: bool
     return rate, float(q[:, 2].min())
 
 
+def busy_processes(count: int) -> list[subprocess.Popen]:
+    """``count`` processes that spin on a core each until killed (the loaded-machine case)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", default="1,64,1024")
     ap.add_argument(
         "--threads",
         type=int,
-        default=os.cpu_count() or 1,
-        help=f"torch intra-op threads (default: the machine's {os.cpu_count()} cores; use 1 on a shared machine "
-        "where other work holds cores, since threads then wait on each other)",
+        default=1,
+        help=f"torch intra-op threads (default 1; the machine has {os.cpu_count()} cores)",
     )
+    ap.add_argument("--load", type=int, default=0, help="busy-loop processes to run beside the benchmark")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--solver", default="auto", choices=[x.value for x in ke.sim.LinearSolver])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -97,6 +106,16 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile the step (CPU, opt-in; slow to compile)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load = busy_processes(args.load)
+    try:
+        run(args)
+    finally:
+        for p in load:
+            p.kill()
+            p.wait()
+
+
+def run(args):
     torch.set_flush_denormal(True)
     path = DATA / "mjcf/mujoco/humanoid.xml"
     desc = ke.asset.MJCFLoader.load(path)
@@ -116,7 +135,9 @@ def main():
     )
     print(
         f"  kangengine, dt 1/60 s, {args.iterations} Newton iterations, {args.dtype}, {args.threads} torch threads "
-        f"(of {os.cpu_count()} cores), solver {args.solver}{', torch.compile' if args.compile else ''}:"
+        f"(of {os.cpu_count()} cores, {args.load} busy processes beside, OMP_WAIT_POLICY "
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}), solver {args.solver}"
+        f"{', torch.compile' if args.compile else ''}:"
     )
     for n in (int(x) for x in args.worlds.split(",")):
         rate, z = ours_rate(model, n, args.seconds, args.iterations, args.compile, args.solver)

@@ -5,16 +5,21 @@ real-length clips on the CMU humanoid, and the share of the time spent simulatin
 The clips are real CMU mocap (``../shared/data/bvh/cmu``: 02_01 walk, 01_01 hops), retargeted with
 ``cmu_bvh_to_cmu_humanoid`` and mapped once (not timed), then cropped into 64 clips of 3 to 12 s at
 different offsets (and the whole walk), as a dataset of CMU-length clips. All 64 run as one batch (one
-world per clip, padded to the longest). The baseline, measured in the same run, validates a few of the
-same clips one at a time (one world each), as a per-clip loop would; the ratio compares clip-seconds per
-wall-second.
+world per clip; a clip that falls stops there and its world is dropped or takes the next clip). The
+baseline, measured in the same run, validates a few of the same clips one at a time (one world each), as
+a per-clip loop would; the ratio compares clip-seconds per wall-second. Also printed: simulator steps
+spent against the clips' full length in steps, the steps spent after a fall (0 with the default early stop),
+and the share of ``ok``.
 
-    python benchmarks/bench_validate.py [--clips 64] [--baseline-clips 2] [--plots] [--threads N]
+    python benchmarks/bench_validate.py [--clips 64] [--baseline-clips 2] [--plots] [--threads 1] [--load N]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -54,10 +59,21 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=64)
     ap.add_argument("--baseline-clips", type=int, default=2)
     ap.add_argument("--plots", action="store_true", help="also write the PNG plots")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1, help="TrackingSettings.threads (default 1)")
+    ap.add_argument("--load", type=int, default=0, help="busy-loop processes to run beside the benchmark")
+    ap.add_argument("--no-early-stop", action="store_true", help="simulate fallen clips to their end")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    try:
+        run(args)
+    finally:
+        for p in load:
+            p.kill()
+            p.wait()
+
+
+def run(args) -> None:
+    settings = dataclasses.replace(SETTINGS, threads=args.threads, early_stop=not args.no_early_stop)
     desc = ke.asset.MJCFLoader.load(DATA / "mjcf" / "dm_control" / "humanoid_CMU.xml")
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
     with warnings.catch_warnings():
@@ -70,14 +86,15 @@ def main() -> None:
     clips = _dataset(walk, hops, args.clips)
     seconds = sum(c.duration for c in clips.values())
     print(
-        f"threads {torch.get_num_threads()}, dt {SETTINGS.dt:.4g} s, {len(clips)} clips, {seconds:.1f} clip-seconds "
+        f"threads {settings.threads}, {args.load} busy processes, dt {settings.dt:.4g} s, {len(clips)} clips, "
+        f"{seconds:.1f} clip-seconds "
         f"(longest {max(c.duration for c in clips.values()):.1f} s); retarget + map of the sources {prep:.1f} s"
     )
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = ke.pipelines.validate(
-            model, clips, out_dir=tmp, settings=SETTINGS, plots=args.plots, batch_size=len(clips)
+            model, clips, out_dir=tmp, settings=settings, plots=args.plots, batch_size=len(clips)
         )
         wall = time.perf_counter() - t0
         tm = res.timings
@@ -88,13 +105,25 @@ def main() -> None:
             f"({tm['simulation'] / wall:.0%}), bookkeeping {book:.1f} s ({book / wall:.0%}: setup {tm['setup']:.1f}, "
             f"metrics {tm['metrics']:.1f}, reports {tm['reports']:.1f}, plots {tm['plots']:.1f})"
         )
-        print(f"verdicts: {res.counts()}")
+        counts = res.counts()
+        print(
+            f"verdicts: {counts} ({counts['ok'] / max(len(res.reports), 1):.0%} ok), {wall / len(clips):.2f} s per clip"
+        )
+        ms = [r.metrics for r in res.reports]
+        spent = sum(m["simulator_steps"] for m in ms)
+        full = sum(m["steps"] - 1 for m in ms)
+        fallen = [m for m in ms if m["fell_at_s"] is not None]
+        after = sum(max(m["simulator_steps"] - round(m["fell_at_s"] / m["dt_s"]), 0) for m in fallen)
+        print(
+            f"simulator steps: {spent:,} of the clips' {full:,} ({spent / max(full, 1):.0%}); "
+            f"{len(fallen)} clips fell, {after:,} steps simulated after their falls"
+        )
 
         base_clips = dict(list(clips.items())[1 : 1 + args.baseline_clips])
         base_seconds = sum(c.duration for c in base_clips.values())
         t0 = time.perf_counter()
         ke.pipelines.validate(
-            model, base_clips, out_dir=f"{tmp}/base", settings=SETTINGS, plots=args.plots, batch_size=1
+            model, base_clips, out_dir=f"{tmp}/base", settings=settings, plots=args.plots, batch_size=1
         )
         base_wall = time.perf_counter() - t0
         base_rate = base_seconds / base_wall

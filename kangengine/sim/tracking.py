@@ -133,6 +133,11 @@ class TrackingSettings:
         batch_invariant: pad the batch to a multiple of 32 worlds (copies, discarded) so that each clip's
             result is bit-identical whichever clips share its batch and wherever it sits in it (one torch
             thread; see :func:`track`); costs about 20% of a step at one world, nothing from 32 on.
+        threads: torch intra-op threads while :func:`track` runs (restored after); ``None`` keeps torch's
+            setting. One (the default) is the fast choice on a machine whose cores other processes also use
+            (there torch's one thread per core made a 1024-world step 15-25x slower, see ``docs/sim.md``),
+            costs at most the 1.6x that a second core gives on a quiet one, and makes results independent
+            of the machine's core count; run several processes for more throughput.
         fall_body_error, fall_root_height_ratio: the fall rule of ``early_stop`` (``validate`` sets them
             from its :class:`~kangengine.sim.ValidationThresholds`).
         divergence_speed: m/s and rad/s, a generalized speed above which the simulation of a clip has
@@ -165,6 +170,7 @@ class TrackingSettings:
     clamp_effort: bool = False
     early_stop: bool = True
     batch_invariant: bool = True
+    threads: int | None = 1
     fall_body_error: float = 0.5
     fall_root_height_ratio: float = 0.5
     divergence_speed: float = 1000.0
@@ -175,6 +181,10 @@ class TrackingSettings:
         if not (self.dt > 0 and math.isfinite(self.dt)):
             raise ShapeError(f"dt is {self.dt}; expected a positive number of seconds", item="TrackingSettings.dt")
         object.__setattr__(self, "feedforward", FeedForward(self.feedforward))
+        if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
+            raise ShapeError(
+                f"threads is {self.threads!r}; expected None or an int >= 1", item="TrackingSettings.threads"
+            )
         for name in ("divergence_speed", "divergence_distance", "fall_body_error"):
             v = getattr(self, name)
             if not (v > 0):
@@ -764,6 +774,16 @@ def track(
         raise ShapeError(f"{len(names)} names for {len(motions)} clips", item="names")
     if num_worlds is not None and not int(num_worlds) >= 1:
         raise ShapeError(f"num_worlds is {num_worlds}; expected at least 1", item="num_worlds")
+    before = torch.get_num_threads()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    try:
+        return _track(model, motions, settings, names, reference, num_worlds)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _track(model, motions, settings, names, reference, num_worlds) -> TrackingResult:
     t0 = time.perf_counter()
     ref = reference if reference is not None else prepare_reference(model, motions, settings)
     w = ref.num_clips
