@@ -415,8 +415,16 @@ def _enum(cls, value, item):
 
 
 def list_retarget_configs() -> tuple[str, ...]:
-    """Names of the configurations shipped with KangEngine."""
-    return tuple(sorted(p.stem for p in _CONFIG_DIR.glob("*.json")))
+    """Names of the skeleton-to-skeleton configurations shipped with KangEngine (the folder also holds the
+    robot configurations of :func:`kangengine.retarget.list_robot_configs`, which have no ``joint_mapping``)."""
+    names = []
+    for p in sorted(_CONFIG_DIR.glob("*.json")):
+        try:
+            if "joint_mapping" in json.loads(p.read_text(encoding="utf-8")):
+                names.append(p.stem)
+        except (OSError, ValueError):
+            continue
+    return tuple(names)
 
 
 def load_retarget_config(name: str) -> RetargetConfig:
