@@ -124,3 +124,41 @@ def test_library_build_filters_by_verdict_and_reloads(converted, tmp_path):
     with pytest.raises(ke.errors.MotionError, match="no clip to pack"):
         build_library(converted, tmp_path / "none.safetensors", verdict_filter={"ok"}, validation_dir=val)
     assert not (tmp_path / "none.safetensors").exists()
+
+
+def _gif_frames(path):
+    from PIL import Image, ImageSequence
+
+    with Image.open(path) as im:
+        return [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(im)], im.size, im.info.get("comment", b"")
+
+
+def test_preview_gif_pillow_side_by_side(converted, tmp_path):
+    from kangengine.pipelines.preview import render_preview
+
+    src = ke.io.load_bvh(data_path("cmu_02_01_walk.bvh"))[:61]
+    res = render_preview(
+        converted / "walk.npz", MODEL, tmp_path / "p.gif", source=src, fps=10, size=(320, 180), renderer="pillow"
+    )
+    frames, size, comment = _gif_frames(res.path)
+    assert res.renderer == "pillow" and b"renderer=pillow" in comment
+    assert len(frames) == res.frames == 6 and size == (320, 180)  # 0.5 s at 10 fps: t = 0, 0.1, ..., 0.5
+    for half in (frames[3][:160, :160], frames[3][:160, 160:]):  # robot and source panels both drawn
+        assert len(np.unique(half.reshape(-1, 3), axis=0)) > 3 and half.std() > 5
+    assert not np.array_equal(frames[0][-16:], frames[-1][-16:])  # the time bar moves
+    with pytest.raises(ke.errors.FormatError, match="expected .gif or .mp4"):
+        render_preview(converted / "walk.npz", MODEL, tmp_path / "p.avi")
+
+
+def test_preview_gif_mujoco_renderer(converted, tmp_path):
+    from kangengine.pipelines.preview import gl_backend, render_preview
+
+    backend, message = gl_backend()
+    if backend is None:
+        with pytest.raises(ke.errors.MissingDependencyError, match="apt-get install"):
+            render_preview(converted / "walk.npz", MODEL, tmp_path / "m.gif", renderer="mujoco")
+        pytest.skip(message)
+    res = render_preview(converted / "walk.npz", MODEL, tmp_path / "m.gif", fps=5, size=(160, 96), renderer="mujoco")
+    frames, size, _ = _gif_frames(res.path)
+    assert res.renderer == f"mujoco-{backend}" and len(frames) == 3 and size == (160, 96)
+    assert frames[1][: 96 - 16].std() > 10  # the scene is drawn, not a blank buffer
