@@ -27,6 +27,7 @@ import numpy as np
 from .errors import FileMissingError, FormatError, KangEngineError, NonFiniteError
 
 __all__ = [
+    "read_json",
     "atomic_write",
     "load_npz",
     "npz_keys",
@@ -730,3 +731,21 @@ def load_npy(path: str | os.PathLike):
 def loads_restricted(data: bytes, *, path=None):
     """Unpickle bytes through :class:`RestrictedUnpickler` (in-memory payloads; ``path`` names them in errors)."""
     return _unpickle(io.BytesIO(data), path)
+
+
+def read_json(path: str | os.PathLike, *, kind: str = "JSON"):
+    """The parsed content of a JSON file (configurations, reports).
+
+    Raises:
+        FileMissingError: no such file (the message says which ``kind`` of file was expected).
+        FormatError: not UTF-8 or not valid JSON.
+    """
+    import json
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileMissingError(f"no such {kind}", path=p)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f"not valid JSON ({type(exc).__name__}: {exc})", path=p) from exc

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .._files import read_json
 from ..errors import FileMissingError, FormatError, LayoutMismatch, UnknownNameError
 
 __all__ = [
@@ -360,12 +361,7 @@ class RobotRetargetConfig:
     def from_json(cls, path: str | os.PathLike) -> RobotRetargetConfig:
         """Read a configuration file (structure only; see :func:`load_robot_config` for the model checks)."""
         p = Path(path)
-        if not p.is_file():
-            raise FileMissingError("no such robot retarget configuration", path=p)
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"not valid JSON ({exc})", path=p) from exc
+        d = read_json(p, kind="robot retarget configuration")
         return cls.from_dict(d, path=p, config_dir=p.resolve().parent)
 
     def to_dict(self) -> dict:

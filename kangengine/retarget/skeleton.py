@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import rotations as R
+from .._files import read_json
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, MotionError, ShapeError, UnknownNameError
 
@@ -326,12 +327,7 @@ class RetargetConfig:
     def from_json(cls, path: str | os.PathLike) -> RetargetConfig:
         """Read a configuration file (the layout of :meth:`to_dict`)."""
         p = Path(path)
-        if not p.is_file():
-            raise FileMissingError("no such retarget configuration", path=p)
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"not valid JSON ({exc})", path=p) from exc
+        d = read_json(p, kind="retarget configuration")
         return replace(cls.from_dict(d, path=p), config_dir=str(p.resolve().parent))
 
     def target_model_path(self) -> Path | None:
