@@ -23,6 +23,23 @@ ground height and the heading alignment. The JSON layout (see ``configs/cmu_bvh_
 
 A source name may list alternatives separated by ``|`` (the cgspeed and 3dsMax releases of the CMU BVH
 name the same joint differently); the first one the source skeleton has is used, in order.
+
+``"extends": "cmu_bvh_to_g1"`` (a shipped configuration name, or a ``.json`` path relative to this file) takes
+every key of that configuration and replaces the top-level keys this file gives (``name``, ``description``,
+``target_model``, ``model_signature``, ``bodies``, ...): a variant for another model file of the same robot
+(the URDF, the mesh MJCF) or another source of the same skeleton is a few lines.
+
+**Where the robot model is found** (:meth:`RobotRetargetConfig.target_model_path`), first match wins:
+
+1. the ``model=`` argument of :func:`load_robot_config` / :func:`retarget_to_robot` (the CLI's ``MODEL``);
+2. ``target_model`` as an absolute path, or relative to the folder of the configuration file that set it
+   (the shipped G1 configurations name the G1 MJCF shipped in ``kangengine/data/unitree_g1``);
+3. each folder of the environment variable ``KANGENGINE_MODEL_PATH`` (folders separated by ``os.pathsep``),
+   first joined with ``target_model`` as written, then with its file name alone.
+
+When none exists, :class:`~kangengine.errors.FileMissingError` names the configuration, the file and every
+place searched. The mesh MJCF and the URDF of the G1 are third-party files too large (meshes) to ship; their
+configurations are found this way.
 """
 
 from __future__ import annotations
@@ -47,10 +64,14 @@ __all__ = [
     "load_robot_config",
     "list_robot_configs",
     "resolve_source_name",
+    "MODEL_PATH_ENV",
 ]
 
 _CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 _HEADING_MODES = ("none", "initial")
+#: environment variable: folders (``os.pathsep``-separated) searched for a configuration's ``target_model``
+MODEL_PATH_ENV = "KANGENGINE_MODEL_PATH"
+_MAX_EXTENDS = 8
 
 
 def resolve_source_name(spec: str, names, *, item: str, path=None) -> int:
@@ -314,6 +335,7 @@ class RobotRetargetConfig:
 
     _KEYS = (
         "name",
+        "extends",
         "description",
         "target_model",
         "model_signature",
@@ -332,6 +354,8 @@ class RobotRetargetConfig:
     def from_dict(cls, d: Mapping, *, path=None, config_dir=None) -> RobotRetargetConfig:
         """Build and check the structure (the robot body names are checked by :meth:`check_model`)."""
         _keys(d, cls._KEYS, "config", path, required=("target_model", "bodies", "feet"))
+        if "extends" in d:
+            raise FormatError("is only read from a file (RobotRetargetConfig.from_json)", path=path, item="extends")
         bodies = d["bodies"]
         if not isinstance(bodies, list) or not bodies:
             raise FormatError(f"is {bodies!r}; expected a non-empty list", path=path, item="bodies")
@@ -361,8 +385,8 @@ class RobotRetargetConfig:
     def from_json(cls, path: str | os.PathLike) -> RobotRetargetConfig:
         """Read a configuration file (structure only; see :func:`load_robot_config` for the model checks)."""
         p = Path(path)
-        d = read_json(p, kind="robot retarget configuration")
-        return cls.from_dict(d, path=p, config_dir=p.resolve().parent)
+        d, model_dir = _read_extended(p)
+        return cls.from_dict(d, path=p, config_dir=model_dir)
 
     def to_dict(self) -> dict:
         """The JSON object layout (round-trips through :meth:`from_dict`)."""
@@ -407,23 +431,35 @@ class RobotRetargetConfig:
         return replace(self, **changes)
 
     # -- the model ----------------------------------------------------------------------------------------
+    def target_model_candidates(self) -> list[Path]:
+        """The places :meth:`target_model_path` looks, in order (see the module docstring)."""
+        p = Path(self.target_model)
+        if p.is_absolute():
+            return [p]
+        out = [Path(self.config_dir or _CONFIG_DIR) / p]
+        for folder in os.environ.get(MODEL_PATH_ENV, "").split(os.pathsep):
+            if folder:
+                out += [Path(folder) / p, Path(folder) / p.name]
+        return list(dict.fromkeys(out))
+
     def target_model_path(self) -> Path:
-        """``target_model`` resolved against ``config_dir``.
+        """The robot model file: ``target_model`` absolute, relative to ``config_dir``, or found in a folder of
+        ``KANGENGINE_MODEL_PATH`` (first match).
 
         Raises:
-            FileMissingError: the file does not exist (pass ``model=`` to :func:`load_robot_config`).
+            FileMissingError: found nowhere; the message lists every place searched and how to give the model.
         """
-        p = Path(self.target_model)
-        if not p.is_absolute():
-            p = Path(self.config_dir or _CONFIG_DIR) / p
-        p = p.resolve()
-        if not p.is_file():
-            raise FileMissingError(
-                f"the robot model of configuration {self.name!r} does not exist (give model= to load_robot_config)",
-                path=p,
-                item="target_model",
-            )
-        return p
+        places = self.target_model_candidates()
+        for p in places:
+            if p.is_file():
+                return p.resolve()
+        raise FileMissingError(
+            f"the robot model {self.target_model!r} of configuration {self.name!r} was not found; searched: "
+            f"{', '.join(str(x) for x in places)}; give the model file (model= in Python, MODEL on the command "
+            f"line) or put its folder in {MODEL_PATH_ENV}",
+            path=places[0],
+            item="target_model",
+        )
 
     def check_model(self, layout, *, path=None) -> None:
         """Check this configuration against a robot layout (free root).
@@ -479,17 +515,82 @@ def _check_scale(value, path):
 
 
 def list_robot_configs() -> tuple[str, ...]:
-    """Names of the robot retarget configurations shipped with KangEngine (``configs/*.json`` with a
-    ``target_model`` and ``bodies``)."""
+    """Names of the robot retarget configurations shipped with KangEngine (``configs/*.json`` without a
+    ``joint_mapping``, with a ``target_model`` and ``bodies`` or an ``extends``)."""
     out = []
     for p in sorted(_CONFIG_DIR.glob("*.json")):
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if isinstance(d, dict) and "target_model" in d and "bodies" in d:
+        if (
+            isinstance(d, dict)
+            and "joint_mapping" not in d
+            and ("extends" in d or {"target_model", "bodies"} <= set(d))
+        ):
             out.append(p.stem)
     return tuple(out)
+
+
+def _read_extended(path: Path) -> tuple[dict, Path]:
+    """The configuration object of ``path`` with its ``extends`` chain merged (top-level keys of the file
+    replace those of its base), and the folder of the file that set ``target_model``.
+
+    Raises:
+        FormatError: ``extends`` is not a string, forms a cycle or chains more than 8 files.
+        UnknownNameError: ``extends`` names no shipped configuration (the message lists them).
+    """
+    chain: list[tuple[dict, Path]] = []
+    seen: set[Path] = set()
+    p = path
+    while True:
+        d = read_json(p, kind="robot retarget configuration")
+        if not isinstance(d, Mapping):
+            raise FormatError(f"is {type(d).__name__}; expected a JSON object", path=p, item="config")
+        chain.append((dict(d), p.resolve().parent))
+        seen.add(p.resolve())
+        base = d.get("extends")
+        if base is None:
+            break
+        if not isinstance(base, str) or not base:
+            raise FormatError(f"is {base!r}; expected a configuration name or a .json path", path=p, item="extends")
+        nxt = _config_file(base, relative_to=p.resolve().parent, path=p)
+        if nxt.resolve() in seen or len(chain) >= _MAX_EXTENDS:
+            raise FormatError(
+                f"{base!r} makes a cycle or a chain over {_MAX_EXTENDS} files; expected a configuration without "
+                "'extends' at its end",
+                path=p,
+                item="extends",
+            )
+        p = nxt
+    merged: dict = {}
+    model_dir = chain[-1][1]
+    for d, folder in reversed(chain):
+        if "target_model" in d:
+            model_dir = folder
+        merged.update(d)
+    merged.pop("extends", None)
+    return merged, model_dir
+
+
+def _config_file(name_or_path, *, relative_to: Path | None = None, path=None) -> Path:
+    """The file of a shipped configuration name or a ``.json`` path (relative to ``relative_to`` first)."""
+    p = Path(name_or_path)
+    if p.suffix == ".json":
+        if relative_to is not None and not p.is_absolute() and (relative_to / p).is_file():
+            return relative_to / p
+        return p
+    if p.is_file():
+        return p
+    f = _CONFIG_DIR / f"{name_or_path}.json"
+    if not f.is_file() or str(name_or_path) not in list_robot_configs():
+        raise UnknownNameError(
+            f"no shipped robot retarget configuration {str(name_or_path)!r}; configurations are: "
+            f"{', '.join(list_robot_configs())}",
+            path=path,
+            item="extends" if path is not None else None,
+        )
+    return f
 
 
 def load_robot_config(name_or_path: str | os.PathLike, *, model=None):
@@ -509,16 +610,7 @@ def load_robot_config(name_or_path: str | os.PathLike, *, model=None):
         LayoutMismatch: the model's layout signature is not the configuration's.
         FormatError: a malformed configuration (the message names the key and the valid choices).
     """
-    p = Path(name_or_path)
-    if p.suffix == ".json" or p.is_file():
-        cfg_path = p
-    else:
-        cfg_path = _CONFIG_DIR / f"{name_or_path}.json"
-        if not cfg_path.is_file():
-            raise UnknownNameError(
-                f"no shipped robot retarget configuration {str(name_or_path)!r}; configurations are: "
-                f"{', '.join(list_robot_configs())}"
-            )
+    cfg_path = _config_file(name_or_path)
     cfg = RobotRetargetConfig.from_json(cfg_path)
     layout, desc, model_path = load_robot_model(cfg, model)
     cfg.check_model(layout, path=cfg_path)
