@@ -114,9 +114,53 @@ def test_out_of_range_angles_are_recomputed_by_numpy(monkeypatch, dtype):
     _backend(monkeypatch, "native")
     with np.errstate(invalid="ignore"):
         got = kin.from_coordinates(q)
-    np.testing.assert_array_equal(got[1], ref[1])  # the whole chunk came from the numpy replay
+    np.testing.assert_array_equal(got[1][[5, 60]], ref[1][[5, 60]])  # those frames came from the numpy replay
+    good = np.setdiff1d(np.arange(100), [5, 60])
+    np.testing.assert_array_equal(got[1][good], kin.from_coordinates(q[good])[1])  # the others from the kernel
     assert np.isnan(got[1][60, 0, [0, 3]]).all()
     np.testing.assert_allclose(np.linalg.norm(got[1][5]), 1.0, rtol=1e-6)
+
+
+def _batches_holding(row, others, sizes):
+    """``(batch, position)`` pairs: ``row [1, ...]`` inside batches of ``sizes`` rows drawn from ``others``, first,
+    in the middle and last."""
+    for n in sizes:
+        for pos in sorted({0, n // 2, n - 1}):
+            yield np.concatenate([others[:pos], row, others[pos : n - 1]]), pos
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_row_is_bit_identical_alone_and_inside_batches_of_every_size(monkeypatch, dtype):
+    """The kernel's result for one frame does not depend on the batch: computed alone and inside batches of 2,
+    3, 15-17, 31-33 (partial SIMD blocks, full ones and both) and 100 frames (chunks of 40 on the thread pool),
+    at the start, the middle and the end, beside a frame whose hinge angle is out of the exact sin/cos range
+    (recomputed by numpy: it must not drag its neighbours to numpy's rounding), numpy and torch, bit for bit."""
+    path = data_file("mjcf/mujoco/humanoid.xml")
+    desc = MJCFLoader.load(path)
+    layout = ArticulationCoordinateLayout.from_data(data=desc)
+    m = mujoco.MjModel.from_xml_path(str(path))
+    q = _random_q(layout, m, np.random.default_rng(11), 120).astype(dtype)
+    q[[3, 40], -1] += 1e8  # out of range: these frames come from the numpy replay
+    _backend(monkeypatch, "native")
+    monkeypatch.setattr(K, "_NATIVE_CHUNK", 40)
+    sizes = (2, 3, 15, 16, 17, 31, 32, 33, 100)
+    for row in (q[:1], q[3:4]):  # a frame the kernel computes, and one it hands to numpy
+        for wrap in (np.asarray, torch.as_tensor):
+            p1, r1 = (np.asarray(x)[0] for x in forward_kinematics(layout, wrap(row)))
+            for batch, pos in _batches_holding(row, q[1:], sizes):
+                p, r = forward_kinematics(layout, wrap(batch))
+                assert np.asarray(p[pos]).tobytes() == p1.tobytes(), (len(batch), pos)
+                assert np.asarray(r[pos]).tobytes() == r1.tobytes(), (len(batch), pos)
+    # skeleton kinematics (no sin/cos; the partial-block path against the full one)
+    tree = SkeletonTree.from_articulation(MJCFLoader.load(data_file("mjcf/protomotions/smpl_humanoid.xml")))
+    rng = np.random.default_rng(12)
+    lr = rng.normal(size=(40, tree.num_nodes, 4)).astype(dtype)
+    lr /= np.linalg.norm(lr, axis=-1, keepdims=True)
+    root = rng.normal(size=(40, 3)).astype(dtype)
+    g1 = tree.kinematics.from_local(root[:1], lr[:1])
+    for n in (2, 3, 16, 17, 33):
+        g = tree.kinematics.from_local(root[:n], lr[:n])
+        assert g[0][0].tobytes() == g1[0][0].tobytes() and g[1][0].tobytes() == g1[1][0].tobytes(), n
 
 
 def test_native_skeleton_from_local_with_and_without_translation(monkeypatch):

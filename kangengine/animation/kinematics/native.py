@@ -19,8 +19,13 @@ products may be fused into FMAs); the tests compare both to MuJoCo.
 ``k`` times them is exact, so ``r`` is accurate to an ulp), then the Taylor series of sin and cos on
 ``|r| <= pi/4`` to a term below half an ulp (degree 15/16 in float64, 9/10 in float32) and the quadrant
 ``k mod 4`` swaps and negates. The reduction is exact for ``|k| < 2**20`` (float64) / ``2**12``
-(float32); a block with any argument beyond ``_TRIG_LIMIT`` (or NaN/inf) is reported and the caller
-recomputes that chunk with numpy's sin/cos, so every input gets a correctly reduced result.
+(float32); a frame with any argument beyond ``_TRIG_LIMIT`` (or NaN/inf) is flagged and the caller
+recomputes those frames (only them) with numpy's sin/cos, so every input gets a correctly reduced result.
+
+**Batch invariance.** A frame's result does not depend on the batch it is computed in: every lane of every
+block (the last, partial block included) runs the one compiled ``compute`` block, lane-wise, so the same
+instruction sequence (the same FMA contractions) produces every frame; and the out-of-range fallback
+recomputes exactly the flagged frames, never their neighbours.
 """
 
 from __future__ import annotations
@@ -117,24 +122,29 @@ def _pio2_parts(bits: int) -> tuple[float, float, float]:
 
 
 class NativeKernel:
-    """A compiled program: ``kernel(inputs, outputs, n) -> int``.
+    """A compiled program: ``kernel(inputs, outputs, n, flags) -> int``.
 
     ``inputs`` / ``outputs``: sequences of ``(address, frame_stride)`` (element strides between frames;
     0 broadcasts one row to every frame), one per input / output array of the program, each frame's
-    columns contiguous. Returns the number of blocks whose sin/cos arguments were out of the exact
-    range (their results must be recomputed).
+    columns contiguous. ``flags``: address of a ``uint8`` buffer of at least ``n + W`` bytes (``W`` =
+    :attr:`width`, the kernel stores whole blocks): byte ``i`` is set to 1 when frame ``i``'s sin/cos
+    arguments were out of the exact range (that frame's results must be recomputed), else 0. Returns the
+    number of blocks holding such frames; when it is 0 the flags may be left unwritten.
     """
 
     def __init__(self, engine, address: int, n_in: int, n_out: int, dtype: np.dtype):
         self._engine = engine  # owns the machine code
         self.n_in, self.n_out, self.dtype = n_in, n_out, dtype
         self.from_cache = False  # whether the object code was loaded from the on-disk cache
-        argtypes = [ctypes.c_void_p, ctypes.c_int64] * (n_in + n_out) + [ctypes.c_int64]
+        self.width = _WIDTH[np.dtype(dtype)]
+        argtypes = [ctypes.c_void_p, ctypes.c_int64] * (n_in + n_out) + [ctypes.c_int64, ctypes.c_void_p]
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int64, *argtypes)(address)
 
-    def __call__(self, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], n: int) -> int:
+    def __call__(
+        self, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], n: int, flags: int
+    ) -> int:
         args = [v for pair in inputs for v in pair] + [v for pair in outputs for v in pair]
-        return int(self._fn(*args, n))
+        return int(self._fn(*args, n, flags))
 
 
 class _IR:
@@ -334,9 +344,14 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
         mi = ir.emit(f"insertelement <{W} x i64> poison, i64 %m, i64 0")
         ms = ir.emit(f"shufflevector <{W} x i64> {mi}, <{W} x i64> poison, <{W} x i32> zeroinitializer")
         live = ir.emit(f"icmp ult <{W} x i64> {lanes}, {ms}")  # lanes past the last frame do not count
-        anyb = ir.emit(f"call i1 @llvm.vector.reduce.or.v{W}i1(<{W} x i1> {ir.emit(f'and <{W} x i1> {acc}, {live}')})")
+        lanes_bad = ir.emit(f"and <{W} x i1> {acc}, {live}")
+        anyb = ir.emit(f"call i1 @llvm.vector.reduce.or.v{W}i1(<{W} x i1> {lanes_bad})")
         ir.lines.append(f"  %badz = zext i1 {anyb} to i64")
-    else:
+        # per frame: 1 where its arguments were out of range (whole block stored; the buffer has W spare bytes)
+        flags = ir.emit(f"zext <{W} x i1> {lanes_bad} to <{W} x i8>")
+        fp = ir.emit("getelementptr inbounds i8, ptr %flags, i64 %i0")
+        ir.lines.append(f"  store <{W} x i8> {flags}, ptr {fp}, align 1")
+    else:  # no sin/cos: nothing is ever out of range, the flags are not written
         ir.lines.append("  %badz = add i64 0, 0")
     compute = ir.lines
 
@@ -373,7 +388,7 @@ def kernel_ir(ops, outputs, n_in: int, n_out: int, dtype) -> str:
         f"declare i1 @llvm.vector.reduce.or.v{W}i1(<{W} x i1>)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
         "",
-        f"define i64 @kernel({', '.join(args + ['i64 %n'])}) nounwind {{",
+        f"define i64 @kernel({', '.join(args + ['i64 %n', 'ptr noalias nocapture %flags'])}) nounwind {{",
         "entry:",
         f"  %xin = alloca [{n_rows_in * W} x {T}], align 64",
         f"  %xout = alloca [{max(len(outputs), 1) * W} x {T}], align 64",
@@ -579,8 +594,11 @@ def run_kernel(
     kern: NativeKernel, inputs: list, outputs: list, n: int, fallback: Callable[[int, int], None], *, chunk: int
 ) -> None:
     """Run ``kern`` over frames ``[0, n)`` of numpy arrays / CPU torch tensors ``inputs`` and ``outputs``
-    (``[frames, ...]`` each) in chunks of ``chunk`` frames on the thread pool (the calls release the GIL);
-    a chunk with sin/cos arguments outside the exact range is recomputed by ``fallback(s, e)``."""
+    (``[frames, ...]`` each) in chunks of ``chunk`` frames on the thread pool (the calls release the GIL).
+
+    The frames whose sin/cos arguments were outside the kernel's exact range, and only those, are recomputed
+    by ``fallback(s, e)`` (the replay of frames ``[s, e)``), one call per run of consecutive such frames: a
+    frame's result never depends on the other frames of the batch, its position or the batch size."""
     isz = kern.dtype.itemsize
     ins = [_frame_rows(x) for x in inputs]
     outs = [_frame_rows(x) for x in outputs]  # fresh contiguous arrays: never copied, written in place
@@ -588,9 +606,20 @@ def run_kernel(
     out_args = [(ptr, st) for _, ptr, st in outs]
 
     def run(s: int, e: int) -> None:
-        bad = kern([(p + s * st * isz, st) for p, st in in_args], [(p + s * st * isz, st) for p, st in out_args], e - s)
+        flags = np.empty(e - s + kern.width, dtype=np.uint8)
+        ptr = flags.__array_interface__["data"][0]
+        bad = kern(
+            [(p + s * st * isz, st) for p, st in in_args], [(p + s * st * isz, st) for p, st in out_args], e - s, ptr
+        )
         if bad:
-            fallback(s, e)
+            for a, b in _runs(flags[: e - s]):
+                fallback(s + a, s + b)
 
     run_chunks(n, run, True, chunk)
     del ins  # keeps any contiguous copies alive until the kernels have run
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` of the runs of nonzero entries of ``flags [n] uint8``."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags != 0, [0])).astype(np.int8)))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
