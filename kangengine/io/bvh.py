@@ -2,8 +2,12 @@
 
 Reading (:func:`load_bvh`)
     * The hierarchy is parsed token by token (any whitespace, tabs, CRLF / CR / LF / mixed line endings,
-      blank lines, names with colons or spaces). The motion block is parsed with one ``numpy.loadtxt``
-      call; Euler angles are turned into quaternions with a few vectorised operations per rotation order.
+      blank lines, names with colons or spaces); the usual one-statement-per-line layout takes a line-based
+      fast path that gives the same nodes (anything else goes to the token parser, which also reports errors).
+      The motion block is parsed in one native pass (:mod:`kangengine.io._decimal`: plain decimals, correctly
+      rounded, every row checked for its column count); other number forms (``nan``, over 15 digits) or a
+      machine without llvmlite use one ``numpy.loadtxt`` call, which also says what is wrong and where. Euler
+      angles are turned into quaternions with a few vectorised operations per rotation order.
     * Channel semantics (the common reading, the same as ``bvhio`` and Blender): a joint's local transform
       is ``T * R``. ``T`` is the joint's ``OFFSET``, with each ``Xposition``/``Yposition``/``Zposition``
       channel *replacing* that component for the frame. ``R`` is the product of the rotation channels in
@@ -36,6 +40,7 @@ from .. import conventions as axes
 from .. import rotations as R
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
+from ._decimal import parse_rows as parse_decimal_rows
 
 __all__ = [
     "load_bvh",
@@ -314,6 +319,94 @@ def _parse_hierarchy(text: str, path) -> list[_Node]:
     return nodes
 
 
+def _parse_hierarchy_fast(text: str) -> list[_Node] | None:
+    """The nodes of a hierarchy in the usual one-statement-per-line layout, or ``None`` for anything else.
+
+    Accepts a subset of what :func:`_parse_hierarchy` accepts (each keyword's arguments on its own line, braces
+    alone on their lines) and gives the same nodes, line numbers included; a file outside that subset, or with
+    any error, returns ``None`` and the token parser reads it (and says what is wrong and where)."""
+    nodes: list[_Node] = []
+    stack: list[int] = []  # indices of the open blocks
+    pending = head = None  # the node whose '{' comes next; the node whose OFFSET/CHANNELS may come
+    started = False
+    for ln, line in enumerate(text.split("\n"), start=1):
+        toks = line.split()
+        if not toks:
+            continue
+        if len(toks) > 1 and ("{" in line or "}" in line):
+            return None
+        t0 = toks[0]
+        if not started:
+            if toks != ["HIERARCHY"]:
+                return None
+            started = True
+            continue
+        if pending is not None:
+            if t0 != "{":
+                return None
+            stack.append(len(nodes))
+            nodes.append(pending)
+            head, pending = pending, None
+            continue
+        key = t0.upper()
+        if head is not None and key in ("OFFSET", "CHANNELS"):
+            if not _fast_head_line(head, key, toks, ln):
+                return None
+            continue
+        if head is not None:
+            if head.offset is None:
+                return None
+            head = None
+        if not nodes:
+            if t0 != "ROOT" or len(toks) < 2:
+                return None
+            pending = _Node(" ".join(toks[1:]), -1, ln)
+            continue
+        if not stack:  # something after the root's block
+            return None
+        top = stack[-1]
+        if t0 == "}":
+            stack.pop()
+            continue
+        if nodes[top].end_site or len(nodes) >= MAX_BVH_NODES:
+            return None
+        if t0 == "JOINT" and len(toks) >= 2:
+            pending = _Node(" ".join(toks[1:]), top, ln)
+        elif t0 == "End":
+            pending = _Node(None, top, ln, end_site=True)
+        else:
+            return None
+    if stack or pending is not None or not nodes:
+        return None
+    return nodes
+
+
+def _fast_head_line(node: _Node, key: str, toks: list[str], ln: int) -> bool:
+    """One OFFSET or CHANNELS line of :func:`_parse_hierarchy_fast` into ``node``; False when unusual."""
+    if key == "OFFSET":
+        if node.offset is not None or len(toks) != 4:
+            return False
+        try:
+            off = [float(t) for t in toks[1:]]
+        except ValueError:
+            return False
+        if not all(math.isfinite(v) for v in off):
+            return False
+        node.offset, node.offset_line = off, ln
+        return True
+    if node.has_channels or node.end_site or len(toks) < 2:
+        return False
+    try:
+        n = int(toks[1])
+    except ValueError:
+        return False
+    chans = [c.lower() for c in toks[2:]]
+    if not 0 <= n <= 6 or len(chans) != n or len(set(chans)) != n or any(c not in _CHANNEL_NAME for c in chans):
+        return False
+    node.channels, node.has_channels, node.channels_line = chans, True, ln
+    return True
+
+
 def _node_names(nodes: list[_Node]) -> tuple[list[str], list[str]]:
     """Unique node names without '/' (end sites ``<parent>_end``), and the original names."""
     names, original = [], []
@@ -428,8 +521,8 @@ _NON_SPACE = re.compile(rb"\S")
 
 
 def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=np.float64) -> np.ndarray:
-    """The motion rows ``data[start:]`` as a ``[frames, nch]`` array (one ``numpy.loadtxt`` call, no copy of the
-    text); the slow diagnosis runs only when that fails."""
+    """The motion rows ``data[start:]`` as a ``[frames, nch]`` array (the native decimal parser, else one
+    ``numpy.loadtxt`` call; no copy of the text); the slow diagnosis runs only when that fails."""
     if _NON_SPACE.search(data, start) is None:
         raise FormatError(
             "the motion has zero frames; expected at least one row of values", path=path, item=f"line {first_line}"
@@ -441,11 +534,15 @@ def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=
         _diagnose_rows(body, first_line, 0, path)
         return np.zeros((rows, 0))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            stream = io.BytesIO(data)  # shares the bytes object; no copy
-            stream.seek(start)
-            values = np.loadtxt(stream, dtype=dtype, comments=None, ndmin=2)
+        values = parse_decimal_rows(data, start, nch)  # native one-pass parser: plain decimals only
+        if values is not None:
+            values = values.astype(dtype, copy=False)
+        else:  # exponents, nan/inf, long numbers, ragged rows, no llvmlite: numpy's reader (and its errors)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                stream = io.BytesIO(data)  # shares the bytes object; no copy
+                stream.seek(start)
+                values = np.loadtxt(stream, dtype=dtype, comments=None, ndmin=2)
     except ValueError as exc:
         _diagnose_rows(bytes(body), first_line, nch, path)
         raise FormatError(f"unreadable motion rows ({exc})", path=path, item=f"line {first_line}") from exc
@@ -566,17 +663,17 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     nf = rot.shape[0]
     rows = np.unique(np.linspace(0, nf - 1, min(nf, 32)).round().astype(np.int64))
     lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
-    local_q = rot[rows].astype(np.float64)
-    world_q = np.empty_like(local_q)
-    pos = np.empty_like(lt_rows)
-    world_q[:, 0] = local_q[:, 0]
-    pos[:, 0] = root_t[rows]
+    # parent_from_node as 4x4 homogeneous matrices: one product per tree level gives world rotation and position
+    world = np.zeros(lt_rows.shape[:2] + (4, 4))
+    world[..., :3, :3] = R.quat_to_matrix(rot[rows].astype(np.float64))
+    world[..., :3, 3] = lt_rows
+    world[..., 3, 3] = 1.0
+    world[:, 0, :3, 3] = root_t[rows]
     parents = np.asarray(parents, dtype=np.int64)
     with np.errstate(over="ignore", invalid="ignore"):  # overflowing skeletons are refused by the caller
         for idx in _depth_levels(parents):  # one vectorised step per tree level: linear in the node count
-            p = parents[idx]
-            pos[:, idx] = pos[:, p] + R.quat_rotate(world_q[:, p], lt_rows[:, idx])
-            world_q[:, idx] = R.quat_multiply(world_q[:, p], local_q[:, idx])
+            world[:, idx] = world[:, parents[idx]] @ world[:, idx]
+    pos = world[..., :3, 3]
     pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
     return pos[:, 1:] if pos.shape[1] > 1 else pos
@@ -667,7 +764,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
         data = data[3:]
     header, fields, rows_at, first_line = _split_file(data, path)
-    nodes = _parse_hierarchy(header, path)
+    nodes = _parse_hierarchy_fast(header) or _parse_hierarchy(header, path)
     layout = _Layout(nodes)
 
     frames_tok, frames_line = fields["frames"]

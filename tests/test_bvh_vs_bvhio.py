@@ -1,0 +1,139 @@
+"""Every BVH file of the shared data, read by ``load_bvh`` and by ``bvhio.readAsBvh``: the same joints, channels,
+per-frame local rotations and positions (to float32 precision: bvhio computes in float32 glm), and the motion
+numbers our native row parser gives equal to Python's own ``float`` of each token. The fast hierarchy parser and
+the general token parser give the same nodes for every file."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import bvhio
+import numpy as np
+import pytest
+from conftest import DATA
+
+from kangengine.io import _decimal, bvh, load_bvh
+
+BVH_FILES = sorted(p.relative_to(DATA).as_posix() for p in (DATA / "bvh").rglob("*.bvh"))
+
+
+def _bvhio_joints(path):
+    """bvhio's joints in file (depth-first) order."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = bvhio.readAsBvh(str(path))
+    out, stack = [], [c.Root]
+    while stack:
+        j = stack.pop()
+        out.append(j)
+        stack.extend(reversed(j.Children))
+    return c, out
+
+
+def _motion_text(path):
+    data = bvh._normalise(path.read_bytes())
+    _, _, start, _ = bvh._split_file(data, path)
+    return data, start
+
+
+def test_the_shared_data_has_bvh_files():
+    assert len(BVH_FILES) >= 10
+
+
+@pytest.mark.parametrize("rel", BVH_FILES)
+def test_rotations_and_positions_equal_bvhio(rel):
+    path = DATA / rel
+    m = load_bvh(path, up_axis="z", scale=1.0, dtype=np.float64)  # file axes and units, as bvhio keeps them
+    m32 = load_bvh(path, up_axis="z", scale=1.0)
+    c, joints = _bvhio_joints(path)
+    names = list(m.tree.node_names)
+    original = m.metadata["original_names"]
+    rot = np.asarray(m.local_rotation)
+    assert m.num_frames == len(c.Root.Keyframes)
+    compared = 0
+    for j in joints:
+        i = original.index(j.Name)
+        assert [ch.lower() for ch in j.Channels] == [ch.lower() for ch in m.metadata["channels"][i]]
+        np.testing.assert_allclose(np.asarray(m.tree.local_translation)[i], np.array(j.Offset), rtol=1e-6, atol=1e-6)
+        ref_q = np.array([[k.Rotation.w, k.Rotation.x, k.Rotation.y, k.Rotation.z] for k in j.Keyframes])
+        ours = rot[:, i]
+        sign = np.where(np.sum(ours * ref_q, axis=-1, keepdims=True) < 0, -1.0, 1.0)
+        np.testing.assert_allclose(ours * sign, ref_q, atol=2e-6, err_msg=f"{rel}: {names[i]}")
+        if any(ch.lower().endswith("position") for ch in j.Channels):
+            ref_p = np.array([list(k.Position) for k in j.Keyframes])
+            got = np.asarray(m.root_translation) if i == 0 else np.asarray(m.local_translation)[:, i]
+            scale = max(1.0, float(np.abs(ref_p).max()))
+            np.testing.assert_allclose(got, ref_p, atol=2e-6 * scale, err_msg=f"{rel}: {names[i]} position")
+        compared += 1
+    assert compared == len(joints) == len(original) - len(m.metadata["end_sites"])
+    # the default float32 read (numbers and trigonometry in float32) agrees to float32 precision
+    np.testing.assert_allclose(np.asarray(m32.local_rotation), rot, rtol=0, atol=1e-6)
+    rt = np.asarray(m.root_translation)
+    np.testing.assert_allclose(np.asarray(m32.root_translation), rt, rtol=1e-6, atol=1e-6 * max(1.0, np.abs(rt).max()))
+
+
+@pytest.mark.parametrize("rel", BVH_FILES)
+def test_native_rows_equal_python_float_of_every_token(rel):
+    path = DATA / rel
+    data, start = _motion_text(path)
+    rows = [line.split() for line in data[start:].split(b"\n") if line.strip()]
+    ref = np.array([[float(t) for t in r] for r in rows], dtype=np.float64)
+    got = _decimal.parse_rows(data, start, ref.shape[1])
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable: the general reader parses the rows")
+    assert got is not None, "a plain-decimal BVH file fell back to the general reader"
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("rel", BVH_FILES)
+def test_fast_hierarchy_parser_equals_the_token_parser(rel):
+    path = DATA / rel
+    data = bvh._normalise(path.read_bytes())
+    header = bvh._split_file(data, path)[0]
+    fast = bvh._parse_hierarchy_fast(header)
+    slow = bvh._parse_hierarchy(header, path)
+    assert fast is not None
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert {s: getattr(a, s) for s in bvh._Node.__slots__} == {s: getattr(b, s) for s in bvh._Node.__slots__}
+
+
+def _random_decimal(rng) -> str:
+    """A decimal in the form the native parser takes: sign, up to 12 digits, a point, an exponent up to 9."""
+    digits = "".join(rng.choice(list("0123456789"), size=int(rng.integers(1, 13))))
+    dot = int(rng.integers(0, len(digits) + 1))
+    text = digits[:dot] + "." + digits[dot:] if rng.random() < 0.8 else digits
+    if rng.random() < 0.3:
+        text += str(rng.choice(["e", "E"])) + str(rng.choice(["", "-", "+"])) + str(int(rng.integers(0, 10)))
+    return str(rng.choice(["", "-", "+"])) + text
+
+
+def test_native_parser_is_correctly_rounded_on_random_decimals():
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    rng = np.random.default_rng(7)
+    toks = [_random_decimal(rng) for _ in range(6000)]
+    text = "\n".join(" \t".join(toks[i : i + 3]) for i in range(0, len(toks), 3)).encode()
+    got = _decimal.parse_rows(text, 0, 3)
+    assert got is not None
+    np.testing.assert_array_equal(got.reshape(-1), np.array([float(t) for t in toks]))  # strtod's rounding
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"1 2\n3\n", b"1 2 3\n", b"nan 1\n", b"inf 1\n", b"1e 2\n", b"1.2.3 4\n", b"- 2\n", b"1 2x\n",
+     b"1234567890123456 1\n", b"1e23 1\n", b"1-2 3\n", b"1e5.0 2\n"],
+)  # fmt: skip
+def test_native_parser_leaves_anything_unusual_to_the_general_reader(text):
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    assert _decimal.parse_rows(text, 0, 2) is None
+
+
+def test_native_parser_accepts_the_plain_forms():
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    got = _decimal.parse_rows(b"\n -.5\t+2.\r\n\n  \n8.33909e-14 1E5\n-0 1e22", 0, 2)
+    np.testing.assert_array_equal(got, [[-0.5, 2.0], [8.33909e-14, 1e5], [-0.0, 1e22]])
+    assert math.copysign(1.0, got[2, 0]) == -1.0
