@@ -256,6 +256,7 @@ def _batch_common(args) -> dict:
         "shard_index": args.shard_index,
         "shard_count": args.shard_count,
         "retry_failed": args.retry_failed,
+        "ray": args.ray,
     }
 
 
@@ -462,6 +463,13 @@ def _add_batch_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--shard-index", type=int, default=None, metavar="I", help="this shard, 0 .. N-1")
     p.add_argument("--shard-count", type=_positive_int, default=None, metavar="N", help="number of shards")
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run the clips as Ray tasks: 'local' (a Ray instance on this machine, --workers CPUs) or a running "
+        "cluster's address ('auto', HOST:6379); paths must be shared by every node (pip install 'kangengine[ray]')",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 also for rejected clips (convert: warnings)")
     p.add_argument("--quiet", action="store_true", help="no per-clip progress lines on stderr")
     g = p.add_argument_group("reader options (passed to the reader of each clip that takes them)")

@@ -10,9 +10,10 @@ done already, and how the work is spread over processes.
   per finished clip (``done`` or ``failed``, with its fingerprint, output, error and warnings), appended with a
   single ``write`` and an ``fsync`` so a killed run loses at most the clip in progress; runs accumulate.
   :func:`read_manifests` gives the latest entry of every clip over every manifest of a folder.
-- :func:`run_tasks`: the tasks in this process or in ``workers`` spawned processes that ignore Ctrl-C and
-  leave when their parent dies (they poll its pid); results come back to the parent, which alone writes
-  the manifest and the summary.
+- :func:`run_tasks`: the tasks in this process, in ``workers`` spawned processes that ignore Ctrl-C and
+  leave when their parent dies (they poll its pid), or as Ray tasks (``ray="local"`` or a cluster's
+  address); results come back to the parent, which alone writes the manifest and the summary, so every
+  backend writes the same files.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "file_sha256",
     "regular_file_problem",
     "run_tasks",
+    "RayBackendError",
     "recorded_warnings",
 ]
 
@@ -60,6 +62,10 @@ _MANIFEST_GLOB = "manifest*.jsonl"
 
 class OutputFolderError(KangEngineError, OSError):
     """The output folder is a file, cannot be created, or does not take a new file."""
+
+
+class RayBackendError(KangEngineError):
+    """``ray`` was asked for but is not installed, or the Ray cluster at the given address cannot be reached."""
 
 
 class BatchInterrupted(KangEngineError):
@@ -366,6 +372,7 @@ def run_tasks(
     initializer: Callable | None = None,
     initargs: tuple = (),
     on_result: Callable[[object], None],
+    ray: str | None = None,
 ) -> None:
     """Run ``fn(*task)`` for every task and hand each result to ``on_result`` (in this process, as each task
     finishes).
@@ -373,12 +380,27 @@ def run_tasks(
     Args:
         workers: processes (1: in this process, in order). Workers are spawned, ignore SIGINT and exit when
             this process dies (they poll its pid), so a SIGKILL of the parent leaves no process behind.
+            With ``ray``: the most tasks in flight at once and the CPUs of a local instance (1: no limit,
+            and a local instance with every CPU of this machine).
         threads: torch threads per process.
-        initializer, initargs: run once in each worker (and once here when ``workers`` is 1).
+        initializer, initargs: run once in each worker (and once here when ``workers`` is 1; with ``ray``,
+            once in each Ray worker process before its first task).
+        ray: run the tasks as Ray tasks (one CPU each) instead: ``"local"`` starts a Ray instance on this
+            machine for the batch (dashboard off) and stops it after; any other value is the address of a
+            running cluster (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``), to which this process
+            connects as a driver and from which it disconnects after. When Ray is already initialised in
+            this process (``ray.init`` by the caller), that instance is used and left running. ``fn``, the
+            tasks and the results travel by pickle; the paths in the tasks (model, clips, output folder)
+            must be the same on every node (a shared file system) and KangEngine installed on each.
     Raises:
         KeyboardInterrupt: after the workers were stopped (the results handed over so far are kept).
+        RayBackendError: ``ray`` given but not installed, or the cluster unreachable (before any task ran).
     """
     with _deferred_interrupts() as guard:
+        if ray is not None:
+            if tasks:
+                _run_ray(fn, tasks, ray, workers, threads, initializer, initargs, lambda r: guard.record(on_result, r))
+            return
         if workers <= 1 or len(tasks) <= 1:
             set_threads(threads)
             if initializer is not None:
@@ -443,3 +465,72 @@ class _deferred_interrupts:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
         return False
+
+
+# -- Ray ------------------------------------------------------------------------------------------------------
+
+_RAY_PREPARED: list = []  # (threads, initializer, initargs) already set in this Ray worker process
+
+
+def _ray_call(fn: Callable, task: tuple, threads: int, initializer: Callable | None, initargs: tuple):
+    """One task in a Ray worker process: its threads and initializer set once per process, then ``fn(*task)``."""
+    key = (threads, initializer, initargs)
+    if key not in _RAY_PREPARED:
+        set_threads(threads)
+        if initializer is not None:
+            initializer(*initargs)
+        _RAY_PREPARED.append(key)
+    return fn(*task)
+
+
+def _ray_connect(address: str, workers: int):
+    """``(ray module, whether this call started or connected it)``; ``ray.init`` with the start cost kept low."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayBackendError(
+            f"needs the ray package ({exc}); install it with: pip install 'kangengine[ray]'", item="--ray"
+        ) from None
+    if ray.is_initialized():
+        return ray, False
+    import logging
+
+    if address == "local":
+        kwargs = {"num_cpus": workers if workers > 1 else None, "include_dashboard": False}
+    else:
+        kwargs = {"address": address}
+    try:
+        ray.init(**kwargs, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RayBackendError(
+            f"cannot start or reach Ray at {address!r} ({' '.join(str(exc).split())}); expected 'local' or a "
+            "running cluster's address",
+            item="--ray",
+        ) from None
+    return ray, True
+
+
+def _run_ray(fn, tasks, address, workers, threads, initializer, initargs, on_result) -> None:
+    ray, owned = _ray_connect(address, int(workers))
+    remote = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
+    limit = int(workers) if workers > 1 else len(tasks)
+    queue = iter(tasks)
+    pending: list = []
+    try:
+        for task in queue:  # keep ``limit`` tasks in flight, record each result as it comes
+            pending.append(remote.remote(fn, task, threads, initializer, initargs))
+            if len(pending) >= limit:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    on_result(ray.get(ref))
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                on_result(ray.get(ref))
+    except BaseException:
+        for ref in pending:  # do not wait for clips in progress
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if owned:
+            ray.shutdown()

@@ -392,6 +392,7 @@ def convert_clips(
     shard_count: int | None = None,
     retry_failed: bool = False,
     progress: Callable[[int, int, ClipOutcome], None] | None = None,
+    ray: str | None = None,
 ) -> BatchReport:
     """Convert motion clips onto an articulation, one ``.npz`` per clip, resumably.
 
@@ -416,6 +417,8 @@ def convert_clips(
         retry_failed: convert again clips whose last attempt with the same fingerprint failed (otherwise
             they are reported failed again without being read).
         progress: called in this process after each clip with ``(clips finished, clips due, outcome)``.
+        ray: run the clips as Ray tasks: ``"local"`` (an instance on this machine) or a cluster's address
+            (:func:`kangengine.pipelines.batch.run_tasks`); the same files as ``workers=1``.
     Returns:
         :class:`BatchReport` of this run's clips (sorted by relative path); failed clips are listed there,
         in the manifest and in the summary, never raised.
@@ -484,7 +487,7 @@ def convert_clips(
             progress(len(outcomes), len(tasks), outcome)
 
     try:
-        batch.run_tasks(_convert_one, tasks, workers=workers, threads=threads, on_result=record)
+        batch.run_tasks(_convert_one, tasks, workers=workers, threads=threads, on_result=record, ray=ray)
     except KeyboardInterrupt:
         raise batch.BatchInterrupted(len(outcomes), len(tasks), out) from None
     if not tasks:

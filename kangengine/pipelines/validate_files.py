@@ -330,6 +330,7 @@ def validate_clips(
     shard_count: int | None = None,
     retry_failed: bool = False,
     progress: Callable[[int, int, dict], None] | None = None,
+    ray: str | None = None,
 ) -> ValidationBatchReport:
     """Validate clip files in physics, resumably, one report per clip mirrored under ``out_dir``.
 
@@ -352,6 +353,8 @@ def validate_clips(
             ``manifest.shard-I-of-N.jsonl`` (``kangengine merge`` writes the summary of all shards). Reports
             are byte-identical for any worker or shard count (the same clips share a batch).
         progress: called after each clip with ``(finished, due, entry)``.
+        ray: simulate the batches as Ray tasks: ``"local"`` or a cluster's address
+            (:func:`kangengine.pipelines.batch.run_tasks`); the same files as ``workers=1``.
     Returns:
         :class:`ValidationBatchReport`.
     Raises:
@@ -413,7 +416,7 @@ def validate_clips(
         write_validation_summary(out, entries)
 
     try:
-        batch.run_tasks(_validate_chunk, tasks, workers=workers, threads=threads, on_result=record)
+        batch.run_tasks(_validate_chunk, tasks, workers=workers, threads=threads, on_result=record, ray=ray)
     except KeyboardInterrupt:
         raise batch.BatchInterrupted(len(finished), due, out) from None
     summary = write_validation_summary(out, entries)
