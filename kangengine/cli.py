@@ -135,15 +135,15 @@ def describe_config(name: str) -> dict:
     Skeleton-to-skeleton configurations are read with ``ke.retarget.load_retarget_config``; a shipped file of
     another kind (a human-to-robot configuration with a ``bodies`` list) is described from its JSON.
     """
-    from .retarget import list_retarget_configs, load_retarget_config
+    from .retarget import RobotRetargetConfig, list_robot_configs, load_retarget_config
 
     try:
         cfg = load_retarget_config(name)
     except KangEngineError:
         path = Path(__file__).parent / "retarget" / "configs" / f"{name}.json"
-        if name not in list_retarget_configs() or not path.is_file():
+        if name not in list_robot_configs() or not path.is_file():
             raise
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = RobotRetargetConfig.from_json(path).to_dict()  # with its "extends" chain merged
         mapping = {str(b.get("source")): str(b.get("robot")) for b in d.get("bodies", []) if isinstance(b, dict)}
         target = d.get("target_model") or d.get("target_asset")
         return {
@@ -167,9 +167,9 @@ def describe_config(name: str) -> dict:
 def _configs(args) -> int:
     import textwrap
 
-    from .retarget import list_retarget_configs
+    from .retarget import list_retarget_configs, list_robot_configs
 
-    names = args.names or list(list_retarget_configs())
+    names = args.names or [*list_retarget_configs(), *list_robot_configs()]
     found = [describe_config(n) for n in names]
     if args.json:
         print(json.dumps(found, indent=2))
@@ -262,11 +262,16 @@ def _batch_common(args) -> dict:
 
 def _convert(args) -> int:
     from .pipelines import ConvertOptions, convert_clips
+    from .pipelines.convert import resolve_model_or_config
 
+    try:  # MODEL_OR_CONFIG: a robot configuration in place of MODEL brings its own model
+        args.model, args.config = resolve_model_or_config(args.model, args.config)
+    except KangEngineError as exc:
+        raise _UsageError(str(exc)) from None
     model, clips = _inputs(args, "kangengine convert")
     if args.config is None:
         raise _UsageError("give --config NAME (see kangengine configs)", item="kangengine convert")
-    _check_config(args.config)
+    _check_config(args.config, robot=True)
     options = ConvertOptions(
         config=args.config, free_root=not args.fixed_root, clamp_to_limits=args.clamp, fps=args.fps, order=args.order
     )
@@ -292,11 +297,13 @@ def _convert(args) -> int:
     return 1 if report.failed or (args.strict and warned) else 0
 
 
-def _check_config(name: str) -> None:
+def _check_config(name: str, *, robot: bool = False) -> None:
+    from .pipelines.convert import config_kind
     from .retarget import load_retarget_config
 
     try:
-        load_retarget_config(name)
+        if not robot or config_kind(name) == "skeleton":
+            load_retarget_config(name)
     except KangEngineError as exc:
         raise _UsageError(str(exc), item="--config") from None
 

@@ -130,7 +130,7 @@ def test_python_dash_m_kangengine_and_bad_arguments_give_one_line_and_exit_2(tmp
 def test_configs_lists_every_shipped_configuration_and_what_it_maps(capsys):
     assert main(["configs", "--json"]) == 0
     listed = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
-    assert sorted(listed) == sorted(ke.retarget.list_retarget_configs())
+    assert sorted(listed) == sorted([*ke.retarget.list_retarget_configs(), *ke.retarget.list_robot_configs()])
     cfg = ke.retarget.load_retarget_config(CONFIG)
     assert listed[CONFIG]["description"] == cfg.description
     assert listed[CONFIG]["mapping"] == dict(cfg.joint_mapping) and listed[CONFIG]["mapped"] == len(cfg.joint_mapping)

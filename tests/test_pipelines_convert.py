@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +165,173 @@ def test_reader_options_reach_the_reader_or_are_noted(clips, tmp_path):
     assert outcome.status == "converted" and any("does not apply" in w for w in outcome.warnings)
     line = json.loads((tmp_path / "o" / "manifest.jsonl").read_text())
     assert line["warnings"] == list(outcome.warnings)
+
+
+# -- the robot path (issue 12 item 6) and what the summary shows (issue 17) ---------------------------------------
+
+
+def _crop_bvh(src, dst, frames: int, start: int = 0):
+    """A real BVH file with only ``frames`` motion rows (from ``start``): same header, ``Frames:`` fixed."""
+    head, motion = Path(src).read_text().split("MOTION", 1)
+    lines = motion.strip("\n").split("\n")
+    rows = lines[2 + start : 2 + start + frames]
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    Path(dst).write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
+    return Path(dst)
+
+
+def _without_times(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in ("time_s", "cpu_time_s")}
+
+
+def test_robot_configuration_runs_retarget_to_robot_and_writes_its_metrics(tmp_path):
+    clip = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "src" / "walk.bvh", 60)
+    out = tmp_path / "out"
+    opts = ConvertOptions(config="cmu_bvh_to_g1")
+    report = convert_clips([clip], None, options=opts, out_dir=out)  # the model: the configuration's own
+    (o,) = report.outcomes
+    assert o.status == "converted", o.error
+    # the oracle: the public API on the same clip
+    expected = ke.retarget.retarget_to_robot(ke.io.load_bvh(clip), "cmu_bvh_to_g1")
+    layout = expected.layout
+    assert report.model_signature == layout.model_signature
+    motion = ke.animation.load_articulation_motion_npz(out / "walk.npz", layout)
+    np.testing.assert_allclose(motion.q, expected.motion.q, atol=1e-6)
+    written = json.loads((out / "walk.metrics.json").read_text())
+    assert written["clip"] == "walk.bvh" and written["fingerprint"] == motion.metadata["fingerprint"]
+    assert (
+        written["model_signature"] == layout.model_signature and motion.metadata["metrics_file"] == "walk.metrics.json"
+    )
+    got, want = _without_times(written["metrics"]), _without_times(json.loads(json.dumps(expected.metrics)))
+    assert got.keys() == want.keys()
+    assert got["key_body_error_m"]["mean"] == pytest.approx(want["key_body_error_m"]["mean"], abs=1e-6)
+    assert got["joint_limit_hits"] == want["joint_limit_hits"] and got["frames"] == 60
+    # the per-clip line of the summary and the folder's worst
+    summary = json.loads((out / "convert_summary.json").read_text())
+    (entry,) = summary["clips"]
+    assert entry["quality"] == pytest.approx(ke.pipelines.convert.robot_quality(written["metrics"]))
+    assert summary["quality"]["robot"]["key_body_error_m_mean_max"] == entry["quality"]["key_body_error_m_mean"]
+    assert summary["quality"]["robot"]["clips_outside_limits"] == []
+    # resume: up to date; a lost metrics file makes the clip stale
+    assert convert_clips([clip], None, options=opts, out_dir=out).outcomes[0].status == "up_to_date"
+    (out / "walk.metrics.json").unlink()
+    assert convert_clips([clip], None, options=opts, out_dir=out).outcomes[0].status == "converted"
+    assert (out / "walk.metrics.json").is_file()
+
+
+def test_robot_configuration_for_another_model_converts_nothing(tmp_path):
+    clip = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "walk.bvh", 20)
+    with pytest.raises(ke.errors.LayoutMismatch, match="487073a8514741e4"):
+        convert_clips([clip], MODEL, options=ConvertOptions(config="cmu_bvh_to_g1"), out_dir=tmp_path / "o")
+    with pytest.raises(ke.errors.LayoutMismatch):  # BFS order is another layout of the same robot
+        convert_clips([clip], None, options=ConvertOptions(config="cmu_bvh_to_g1", order="BFS"), out_dir=tmp_path / "o")
+    with pytest.raises(ke.errors.FormatError, match="free root"):
+        convert_clips([clip], None, options=ConvertOptions(config="cmu_bvh_to_g1", free_root=False), out_dir=tmp_path)
+    assert not list(tmp_path.rglob("*.npz"))
+    with pytest.raises(ke.errors.UnknownNameError, match="skeleton configurations: .*robot configurations: .*g1"):
+        ke.pipelines.convert.config_kind("cmu_bvh_to_h1")
+
+
+def _lowest_body_mujoco(model_path, layout, q):
+    """``[frames]`` the lowest body origin height of ``q`` by MuJoCo's ``mj_kinematics`` (the oracle)."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_path(str(model_path))
+    data = mujoco.MjData(model)
+    qpos = ke.adapters.MuJoCoMotionAdapter(layout, model=model).pack_arrays(q, np.zeros((len(q), layout.nv))).qpos
+    out = np.empty(len(q))
+    for t in range(len(q)):
+        data.qpos[:] = qpos[t]
+        mujoco.mj_kinematics(model, data)
+        out[t] = data.xpos[1:, 2].min()
+    return out
+
+
+def test_summary_shows_limit_violations_and_how_far_clamping_lifted_the_reference(tmp_path):
+    """Knees that may not straighten (range 40-170 deg instead of 1-170): the walk's stance knees leave the
+    range, clamping bends them and lifts the reference off the floor. The summary names the clip and the
+    knee DOFs, and the lift agrees with MuJoCo's kinematics of the clamped and unclamped joint values."""
+    shutil.copytree(MODEL.parent / "common", tmp_path / "common")
+    text = MODEL.read_text()
+    for knee in ("ltibiarx", "rtibiarx"):
+        old = f'name="{knee}" axis="1 0 0" range="1   170"'
+        assert old in text
+        text = text.replace(old, f'name="{knee}" axis="1 0 0" range="40   170"')
+    model = tmp_path / "stiff_knees.xml"
+    model.write_text(text)
+    clip = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "walk.bvh", 120)
+    opts = ConvertOptions(config="cmu_bvh_to_cmu_humanoid", clamp_to_limits=True)
+    (o,) = convert_clips([clip], model, options=opts, out_dir=tmp_path / "out").outcomes
+    assert o.status == "converted", o.error
+    quality = o.quality
+    assert {"ltibiarx", "rtibiarx"} <= set(quality["limit_violation_dofs"]) and quality["limit_violation_max"] > 0.3
+    # the oracle: MuJoCo on the written (clamped) q and on the mapper's unclamped q
+    desc = ke.asset.load(model)
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc)
+    clamped = ke.animation.load_articulation_motion_npz(tmp_path / "out" / "walk.npz", layout)
+    moved = ke.retarget.retarget_motion(ke.io.load_bvh(clip), opts.config, desc)
+    free = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved.motion).motion
+    lift = _lowest_body_mujoco(model, layout, clamped.q) - _lowest_body_mujoco(model, layout, free.q)
+    assert lift.max() > 0.02
+    assert quality["clamp_lift_m_max"] == pytest.approx(lift.max(), abs=1e-4)
+    assert quality["clamp_lifted_share"] == pytest.approx((lift > ke.pipelines.convert.CLAMP_LIFT_M).mean(), abs=0.02)
+    summary = json.loads((tmp_path / "out" / "convert_summary.json").read_text())["quality"]["skeleton"]
+    assert summary["clips_outside_limits"] == ["walk.bvh"] and summary["clips_lifted_by_clamping"] == ["walk.bvh"]
+    assert summary["clamp_lift_m_max"] == pytest.approx(lift.max(), abs=1e-4)
+
+
+def _kangengine(*args, env=None, timeout=180):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "kangengine", *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_cli_convert_model_or_config_reaches_retarget_to_robot(tmp_path, capsys, monkeypatch):
+    """``kangengine convert MODEL_OR_CONFIG CLIP... [--config NAME] --out DIR`` in a subprocess, on a crop;
+    the other forms in this process (``main``)."""
+    clip = _crop_bvh(data_file("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"), tmp_path / "src" / "walk.bvh", 40)
+    done = _kangengine("convert", "cmu_bvh_to_g1", clip, "--out", tmp_path / "a", "--quiet")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"converted": 1, "up_to_date": 0, "failed": 0}
+    summary = json.loads((tmp_path / "a" / "convert_summary.json").read_text())
+    (entry,) = summary["clips"]
+    assert entry["quality"]["joints_outside_limits"] == 0 and entry["quality"]["key_body_error_m_mean"] < 0.06
+    assert (tmp_path / "a" / "walk.metrics.json").is_file() and summary["options"]["config"] == "cmu_bvh_to_g1"
+    # MODEL --config NAME: the same outputs (the model given is the shipped one)
+    shipped = ke.data.data_path(ke.data.G1_MJCF)
+    assert main(["convert", str(shipped), str(clip), "--config", "cmu_bvh_to_g1", "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "a" / "walk.npz").read_bytes() == (tmp_path / "b" / "walk.npz").read_bytes()
+    # a configuration whose model is not shipped: one line naming where it was looked for, exit 2
+    env = ke.retarget.robot_config.MODEL_PATH_ENV
+    monkeypatch.delenv(env, raising=False)
+    capsys.readouterr()
+    assert main(["convert", "cmu_bvh_to_g1_urdf", str(clip), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "g1_29dof.urdf" in err and env in err and not (tmp_path / "c").exists()
+    # two different configurations: a bad argument
+    assert main(["convert", "cmu_bvh_to_g1", str(clip), "--config", "cmu_fbx_to_g1", "--out", str(tmp_path)]) == 2
+    assert "two configurations" in capsys.readouterr().err
+    # kangengine configs lists the robot configurations and what they map
+    assert main(["configs", "--json"]) == 0
+    listed = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert {"cmu_bvh_to_g1", "cmu_fbx_to_g1_mesh", "smpl_to_g1_urdf"} <= set(listed)
+    assert listed["smpl_to_g1_urdf"]["maps"] == "bodies" and listed["smpl_to_g1_urdf"]["mapping"]["L_Wrist"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_given_as_a_clip_is_failed_without_blocking(tmp_path):
+    """Nothing writes to the FIFO: opening it would block forever; the clip is listed failed unopened."""
+    fifo = tmp_path / "clip.bvh"
+    os.mkfifo(fifo)
+    walk = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "walk.bvh", 20)
+    done = _kangengine("convert", MODEL, walk, fifo, "--config", OPTS.config, "--out", tmp_path / "o", timeout=120)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["counts"] == {"converted": 1, "up_to_date": 0, "failed": 1}
+    assert "FIFO" in report["failed"][0]["error"] and report["failed"][0]["clip"].endswith("clip.bvh")

@@ -1,11 +1,23 @@
 """Dataset preprocessing: many clips onto one robot, resumable, with bad clips listed and the rest done.
 
-:func:`convert_clips` runs, for every clip, ``load_motion`` -> ``retarget`` (a named or given
-configuration) -> ``ArticulationMotionMapper.to_articulation_motion`` and writes one articulation motion
-``.npz`` per clip (atomically), mirroring the tree of the inputs. Each output records a fingerprint of its
-input (the clip's bytes, the model file's bytes, the retarget configuration's content, the options and the
-KangEngine version); ``manifest.jsonl`` records every finished clip as it finishes, so a second run (after an
-interruption of any kind) skips clips that are done, redoes stale ones, and never stops at a bad clip.
+:func:`convert_clips` runs, for every clip, one of two paths, chosen by the kind of the configuration
+(:func:`config_kind`):
+
+- a skeleton configuration (``ke.retarget.list_retarget_configs()``): ``load_motion`` -> ``retarget_motion``
+  onto the robot's own skeleton -> ``ArticulationMotionMapper.to_articulation_motion``;
+- a robot configuration (``ke.retarget.list_robot_configs()``, e.g. ``cmu_bvh_to_g1``): ``load_motion`` ->
+  ``retarget_to_robot`` (whole-clip IK with contact-correct feet), whose per-clip metrics are written as
+  ``<clip>.metrics.json`` next to the output;
+
+and writes one articulation motion ``.npz`` per clip (atomically), mirroring the tree of the inputs. Each
+clip's ``quality`` (:func:`skeleton_quality` / :func:`robot_quality`: joint-limit violations, hinges
+re-wrapped from wound angles, how far clamping lifted the reference; or the robot metrics' headline numbers)
+is in its manifest line and in the summary, with the worst of the folder in the summary's ``quality``.
+
+Each output records a fingerprint of its input (the clip's bytes, the model file's bytes, the retarget
+configuration's content, the options and the KangEngine version); ``manifest.jsonl`` records every finished
+clip as it finishes, so a second run (after an interruption of any kind) skips clips that are done, redoes
+stale ones, and never stops at a bad clip.
 ``convert_summary.json`` in the output folder lists every clip ever converted there.
 """
 
@@ -23,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
-from ..errors import FileMissingError, FormatError
+from ..errors import FileMissingError, FormatError, UnknownNameError
 
 __all__ = [
     "ConvertOptions",
@@ -34,10 +46,19 @@ __all__ = [
     "map_clip",
     "merge_manifests",
     "write_convert_summary",
+    "config_kind",
+    "resolve_model_or_config",
+    "skeleton_quality",
+    "robot_quality",
+    "summary_quality",
+    "metrics_path",
     "SUMMARY_NAME",
+    "CLAMP_LIFT_M",
 ]
 
 SUMMARY_NAME = "convert_summary.json"
+#: a frame whose lowest body clamping raised by more than this (m) counts as lifted off the floor
+CLAMP_LIFT_M = 0.01
 
 
 @dataclass(frozen=True)
@@ -45,7 +66,8 @@ class ConvertOptions:
     """What a conversion does (part of every output's fingerprint).
 
     Attributes:
-        config: name of a shipped retarget configuration (``ke.retarget.list_retarget_configs()``).
+        config: a shipped retarget configuration (``ke.retarget.list_retarget_configs()`` for skeleton
+            targets, ``ke.retarget.list_robot_configs()`` for robots) or a configuration ``.json`` file.
         free_root: the layout's free root (``ArticulationCoordinateLayout.from_data(free_root=...)``).
         clamp_to_limits: clamp hinge/slide values into their limits (the residual reports the cost).
         fps: resample every clip to this rate before mapping (``None``: keep the clip's own rate).
@@ -72,6 +94,8 @@ class ClipOutcome:
         name: the clip's path relative to the batch's root (its name in the manifest).
         fingerprint: of the clip's input (``None`` when the file could not be read).
         warnings: the warnings raised while converting it (``"Category: message"``).
+        quality: what a user must see about the converted clip (:func:`skeleton_quality` or
+            :func:`robot_quality`); ``None`` when not converted in this run.
     """
 
     source: str
@@ -86,6 +110,7 @@ class ClipOutcome:
     name: str = ""
     fingerprint: str | None = None
     warnings: tuple[str, ...] = ()
+    quality: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +239,152 @@ def map_clip(
     return mapper.to_articulation_motion(moved.motion, clamp_to_limits=clamp_to_limits), moved, motion
 
 
+def config_kind(config: str | os.PathLike) -> str:
+    """Which retargeting a configuration is for: ``"robot"`` (:func:`kangengine.retarget.retarget_to_robot`)
+    or ``"skeleton"`` (:func:`kangengine.retarget.retarget_motion` onto the robot's own skeleton).
+
+    Args:
+        config: a shipped configuration name or a configuration ``.json`` file.
+    Raises:
+        UnknownNameError: no such shipped configuration (the message lists both kinds).
+        FormatError: a file that is neither kind (no ``joint_mapping``, no ``bodies`` or ``extends``).
+    """
+    from .._files import read_json
+    from ..retarget import list_retarget_configs, list_robot_configs
+
+    name = os.fspath(config)
+    if name in list_robot_configs():
+        return "robot"
+    if name in list_retarget_configs():
+        return "skeleton"
+    p = Path(name)
+    if p.suffix.lower() == ".json" or p.is_file():
+        d = read_json(p, kind="retarget configuration")
+        if isinstance(d, dict) and "joint_mapping" in d:
+            return "skeleton"
+        if isinstance(d, dict) and ("bodies" in d or "extends" in d):
+            return "robot"
+        raise FormatError(
+            "is neither a skeleton configuration (with 'joint_mapping') nor a robot configuration (with 'bodies' "
+            "or 'extends')",
+            path=p,
+            item="config",
+        )
+    raise UnknownNameError(
+        f"no retarget configuration {name!r}; skeleton configurations: {', '.join(list_retarget_configs())}; "
+        f"robot configurations: {', '.join(list_robot_configs())}",
+        item="config",
+    )
+
+
+def _is_config(value: str) -> bool:
+    p = Path(value)
+    if p.is_file() and p.suffix.lower() != ".json":
+        return False  # a model file
+    try:
+        config_kind(value)
+    except (UnknownNameError, FormatError, FileMissingError):
+        return False
+    return True
+
+
+def resolve_model_or_config(model_or_config: str | None, config: str | None) -> tuple[str | None, str | None]:
+    """The ``(model, config)`` of ``kangengine convert MODEL_OR_CONFIG CLIP... [--config NAME]``.
+
+    ``MODEL_OR_CONFIG`` is the robot model file, or a robot configuration (name or ``.json``) whose model is
+    then found as :meth:`kangengine.retarget.RobotRetargetConfig.target_model_path` says (the configuration's
+    folder, then the folders of ``KANGENGINE_MODEL_PATH``). Anything else is returned unchanged for the caller
+    to check.
+
+    Raises:
+        FormatError: a configuration given both ways, differently.
+        FileMissingError: the robot configuration's model is found nowhere (the places searched are named).
+    """
+    if model_or_config is None or not _is_config(model_or_config):
+        return model_or_config, config
+    if config is not None and config != model_or_config:
+        raise FormatError(
+            f"two configurations ({model_or_config!r} and --config {config!r}); expected MODEL and --config NAME, "
+            "or a robot configuration in place of MODEL",
+            item="--config",
+        )
+    if config_kind(model_or_config) != "robot":
+        raise FormatError(
+            f"{model_or_config!r} is a skeleton configuration; expected the model file first (MODEL --config NAME)",
+            item="MODEL_OR_CONFIG",
+        )
+    from ..retarget.robot_config import RobotRetargetConfig, _config_file
+
+    cfg = RobotRetargetConfig.from_json(_config_file(model_or_config))
+    return os.fspath(cfg.target_model_path()), model_or_config
+
+
+def metrics_path(output: str | os.PathLike) -> Path:
+    """The metrics file of a robot-retargeted output: ``walk.npz`` -> ``walk.metrics.json`` beside it."""
+    out = Path(output)
+    return out.with_name(f"{out.stem}.metrics.json")
+
+
+def robot_quality(metrics: Mapping) -> dict:
+    """The headline numbers of :func:`kangengine.retarget.retarget_to_robot`'s metrics (m, cm, shares of
+    contact frames, counts of (frame, joint) entries) for a clip's manifest line and the summary."""
+    key = metrics.get("key_body_error_m", {})
+    return {
+        "key_body_error_m_mean": float(key.get("mean", 0.0)),
+        "key_body_error_m_max": float(key.get("max", 0.0)),
+        "floating_share": float(metrics.get("floating_share", 0.0)),
+        "slide_per_phase_cm_max": float(metrics.get("slide_per_phase_cm_max", 0.0)),
+        "slide_beyond_source_cm_max": float(metrics.get("slide_beyond_source_cm_max", 0.0)),
+        "penetration_m": float(metrics.get("penetration_m", 0.0)),
+        "joint_limit_hits": int(metrics.get("joint_limit_hits", 0)),
+        "joints_outside_limits": int(metrics.get("joints_outside_limits", 0)),
+        "dropped_leading_frames": int(metrics.get("dropped_leading_frames", 0)),
+        "scale": float(metrics.get("scale", 0.0)),
+    }
+
+
+def skeleton_quality(mapper_metadata: Mapping, lift_m: np.ndarray) -> dict:
+    """What the mapper recorded about a clip (``motion.metadata["mapper"]``) and how far clamping lifted it.
+
+    Args:
+        mapper_metadata: the mapper's summary: ``limit_violation_max`` (rad or m, before clamping),
+            ``limit_violation_dofs``, ``clamped_max``, ``rewrapped_frames`` (frames per hinge brought back
+            from a wound angle).
+        lift_m: ``[frames]`` m, height of the lowest body after clamping minus before (:func:`_clamp_lift`).
+    Returns:
+        ``limit_violation_max``, ``limit_violation_dofs`` (the worst DOF names), ``clamped_max``,
+        ``rewrapped_frames`` (``{dof: frames}``), ``clamp_lift_m_max`` and ``clamp_lifted_share`` (share of
+        frames lifted by more than :data:`CLAMP_LIFT_M`).
+    """
+    lift = np.asarray(lift_m, dtype=np.float64)
+    return {
+        "limit_violation_max": float(mapper_metadata.get("limit_violation_max", 0.0)),
+        "limit_violation_dofs": sorted(mapper_metadata.get("limit_violation_dofs", {})),
+        "clamped_max": float(mapper_metadata.get("clamped_max", 0.0)),
+        "rewrapped_frames": {str(k): int(v) for k, v in mapper_metadata.get("rewrapped_frames", {}).items()},
+        "clamp_lift_m_max": float(max(lift.max(), 0.0)) if lift.size else 0.0,
+        "clamp_lifted_share": float((lift > CLAMP_LIFT_M).mean()) if lift.size else 0.0,
+    }
+
+
+def _clamp_lift(layout, q: np.ndarray, clamped: np.ndarray) -> np.ndarray:
+    """``[frames]`` m: the lowest body origin's height with the clamped ``q`` minus with the values before
+    clamping (``q - clamped`` on the scalar DOFs); zeros when nothing was clamped."""
+    if not clamped.size or not np.any(clamped):
+        return np.zeros(q.shape[0])
+    from ..animation.layout import forward_kinematics
+
+    scalar = [b for b in layout.blocks if b.q_dim == 1 and b.qd_dim == 1]
+    qi = np.array([b.q_offset for b in scalar], dtype=np.int64)
+    vi = np.array([b.qd_offset for b in scalar], dtype=np.int64)
+    q1 = np.asarray(q, dtype=np.float64)
+    q0 = q1.copy()
+    q0[:, qi] -= np.asarray(clamped, dtype=np.float64)[:, vi]
+    p1, _ = forward_kinematics(layout, q1)
+    p0, _ = forward_kinematics(layout, q0)
+    return p1[..., 2].min(-1) - p0[..., 2].min(-1)
+
+
 _WORKER_CACHE: dict = {}
 
 
@@ -267,11 +438,90 @@ class _Task:
     previous_status: str | None
     overwrite: bool
     retry_failed: bool
+    robot_config: object | None = None  # the checked RobotRetargetConfig (robot path) or None (skeleton path)
+
+
+def _convert_skeleton(task: _Task, src: Path) -> tuple:
+    """Skeleton path: ``(articulation motion, layout, outcome fields)``."""
+    from .batch import recorded_warnings
+
+    desc, layout, mapper = _setup(task.model, task.model_sha, task.options)
+    opts = task.options
+    with recorded_warnings() as caught:
+        mapped, moved, motion = map_clip(
+            src,
+            desc,
+            mapper,
+            opts.config,
+            clamp_to_limits=opts.clamp_to_limits,
+            fps=opts.fps,
+            load_options=task.load_options,
+        )
+    res = np.asarray(mapped.residual_angles, dtype=np.float64)
+    art = mapped.motion
+    lift = _clamp_lift(layout, np.asarray(art.q), np.asarray(mapped.clamped))
+    quality = skeleton_quality(art.metadata.get("mapper", {}), lift)
+    art.metadata.update(
+        {
+            "source_fps": motion.fps,
+            "retarget_scale": float(moved.scale),
+            "residual_mean_rad": float(res.mean()),
+            "residual_max_rad": float(res.max()),
+            "clamped_max": float(np.abs(mapped.clamped).max()) if mapped.clamped.size else 0.0,
+            "clamp_lift_m_max": quality["clamp_lift_m_max"],
+            "clamp_lifted_share": quality["clamp_lifted_share"],
+        }
+    )
+    fields = {"residual_mean_rad": float(res.mean()), "residual_max_rad": float(res.max()), "quality": quality}
+    return art, layout, fields, caught, None
+
+
+def _convert_robot(task: _Task, src: Path) -> tuple:
+    """Robot path: ``retarget_to_robot`` on the model of the batch; the metrics go to their own file."""
+    import warnings
+
+    from ..retarget import retarget_to_robot
+    from .batch import recorded_warnings
+    from .load import load_motion
+
+    desc, layout, _ = _setup(task.model, task.model_sha, task.options)
+    with recorded_warnings() as caught:
+        kw, notes = _reader_options(src, task.load_options)
+        for note in notes:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        motion = load_motion(src, **kw)
+        if task.options.fps is not None:
+            motion = motion.resample(task.options.fps)
+        result = retarget_to_robot(motion, task.robot_config, model=desc)
+    art = result.motion
+    quality = robot_quality(result.metrics)
+    art.metadata.update(
+        {
+            "source_fps": motion.fps,
+            "retarget_scale": float(result.metrics.get("scale", 0.0)),
+            "metrics_file": metrics_path(Path(task.output).name).name,
+            **{k: quality[k] for k in ("key_body_error_m_mean", "floating_share", "penetration_m")},
+        }
+    )
+    return art, layout, {"quality": quality}, caught, result.metrics
+
+
+def _write_metrics(task: _Task, fingerprint: str, layout, metrics: dict) -> None:
+    body = {
+        "format": "kangengine.robot_retarget_metrics",
+        "clip": task.name,
+        "fingerprint": fingerprint,
+        "retarget_config": task.options.config,
+        "model_signature": layout.model_signature,
+        "metrics": metrics,
+    }
+    text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write(metrics_path(task.output), lambda f: f.write(text.encode()))
 
 
 def _convert_one(task: _Task) -> ClipOutcome:
     from ..animation import save_articulation_motion_npz
-    from .batch import file_sha256, recorded_warnings, regular_file_problem
+    from .batch import file_sha256, regular_file_problem
 
     t0 = time.perf_counter()
     src, out = Path(task.source), Path(task.output)
@@ -282,36 +532,24 @@ def _convert_one(task: _Task) -> ClipOutcome:
             raise FormatError(problem, path=src)
         fingerprint = _clip_fingerprint(file_sha256(src), task.job_fingerprint)
         if not task.overwrite and fingerprint == task.previous_fingerprint:
-            if task.previous_status == "converted" and out.is_file() and _existing_fingerprint(out) == fingerprint:
+            done = out.is_file() and _existing_fingerprint(out) == fingerprint
+            if task.robot_config is not None:
+                done = done and metrics_path(out).is_file()
+            if task.previous_status == "converted" and done:
                 return ClipOutcome(task.source, task.output, "up_to_date", name=task.name, fingerprint=fingerprint)
             if task.previous_status == "failed" and not task.retry_failed:
                 return ClipOutcome(task.source, None, "failed_before", name=task.name, fingerprint=fingerprint)
-        desc, layout, mapper = _setup(task.model, task.model_sha, task.options)
-        opts = task.options
-        with recorded_warnings() as caught:
-            mapped, moved, motion = map_clip(
-                src,
-                desc,
-                mapper,
-                opts.config,
-                clamp_to_limits=opts.clamp_to_limits,
-                fps=opts.fps,
-                load_options=task.load_options,
-            )
-        res = np.asarray(mapped.residual_angles, dtype=np.float64)
-        art = mapped.motion
+        convert = _convert_robot if task.robot_config is not None else _convert_skeleton
+        art, layout, fields, caught, metrics = convert(task, src)
         art.metadata.update(
             {
                 "source_file": task.name,  # relative to the batch's root: outputs do not depend on where it lies
-                "source_fps": motion.fps,
                 "fingerprint": fingerprint,
-                "retarget_config": opts.config,
-                "retarget_scale": float(moved.scale),
-                "residual_mean_rad": float(res.mean()),
-                "residual_max_rad": float(res.max()),
-                "clamped_max": float(np.abs(mapped.clamped).max()) if mapped.clamped.size else 0.0,
+                "retarget_config": task.options.config,
             }
         )
+        if metrics is not None:  # first the metrics, then the output whose presence says "done"
+            _write_metrics(task, fingerprint, layout, metrics)
         save_articulation_motion_npz(out, art, layout=layout)
         return ClipOutcome(
             task.source,
@@ -320,11 +558,10 @@ def _convert_one(task: _Task) -> ClipOutcome:
             frames=art.num_frames,
             fps=art.fps(),
             seconds=time.perf_counter() - t0,
-            residual_mean_rad=float(res.mean()),
-            residual_max_rad=float(res.max()),
             name=task.name,
             fingerprint=fingerprint,
             warnings=tuple(caught),
+            **fields,
         )
     except Exception as exc:  # a bad clip is listed, never allowed to stop the batch
         return ClipOutcome(
@@ -362,24 +599,69 @@ def _entry(outcome: ClipOutcome, out: Path) -> dict:
         "seconds": round(outcome.seconds, 3),
         "residual_mean_rad": outcome.residual_mean_rad,
         "residual_max_rad": outcome.residual_max_rad,
+        "quality": outcome.quality,
         "time": time.time(),
     }
 
 
+def summary_quality(clips: Sequence[Mapping]) -> dict:
+    """The worst of the done clips' ``quality`` (their manifest entries), with the clips it concerns.
+
+    Returns:
+        ``{"skeleton": {...}, "robot": {...}}`` for the kinds present. Skeleton: ``clips_outside_limits``
+        (names of the clips whose reference left a joint range before clamping), ``limit_violation_max``,
+        ``clips_rewrapped`` (clips with hinges brought back from wound angles), ``clips_lifted_by_clamping``
+        (clips with a frame lifted more than :data:`CLAMP_LIFT_M`), ``clamp_lift_m_max``,
+        ``clamp_lifted_share_max``. Robot: the largest ``key_body_error_m_mean``, ``floating_share``,
+        ``slide_beyond_source_cm_max`` and ``penetration_m``, and ``clips_outside_limits``.
+    """
+    done = [(e["clip"], e.get("quality") or {}) for e in clips if e.get("status") == "done"]
+    out: dict = {}
+    sk = [(c, q) for c, q in done if "limit_violation_max" in q]
+    if sk:
+        out["skeleton"] = {
+            "clips": len(sk),
+            "clips_outside_limits": [c for c, q in sk if q["limit_violation_max"] > 0],
+            "limit_violation_max": max(q["limit_violation_max"] for _, q in sk),
+            "clips_rewrapped": [c for c, q in sk if q["rewrapped_frames"]],
+            "clips_lifted_by_clamping": [c for c, q in sk if q["clamp_lifted_share"] > 0],
+            "clamp_lift_m_max": max(q["clamp_lift_m_max"] for _, q in sk),
+            "clamp_lifted_share_max": max(q["clamp_lifted_share"] for _, q in sk),
+        }
+    rb = [(c, q) for c, q in done if "key_body_error_m_mean" in q]
+    if rb:
+        out["robot"] = {
+            "clips": len(rb),
+            "key_body_error_m_mean_max": max(q["key_body_error_m_mean"] for _, q in rb),
+            "floating_share_max": max(q["floating_share"] for _, q in rb),
+            "slide_beyond_source_cm_max": max(q["slide_beyond_source_cm_max"] for _, q in rb),
+            "penetration_m_max": max(q["penetration_m"] for _, q in rb),
+            "clips_outside_limits": [c for c, q in rb if q["joints_outside_limits"] > 0],
+        }
+    return out
+
+
 def write_convert_summary(path, entries: Mapping[str, dict], *, run: dict | None = None) -> Path:
     """Write ``convert_summary.json`` (atomically) from manifest entries: every clip ever converted into the
-    folder (latest entry of each), ``totals`` over them (``done``, ``failed``), and, when given, ``run``
-    (this run's model, options and ``counts``)."""
+    folder (latest entry of each, with its ``quality``), ``totals`` over them (``done``, ``failed``), the worst
+    quality of the folder (:func:`summary_quality`), and, when given, ``run`` (this run's model, options and
+    ``counts``)."""
     clips = [entries[k] for k in sorted(entries)]
     totals = {"done": sum(e["status"] == "done" for e in clips), "failed": sum(e["status"] == "failed" for e in clips)}
-    body = {"format": "kangengine.convert_summary", **(run or {}), "totals": totals, "clips": clips}
+    body = {
+        "format": "kangengine.convert_summary",
+        **(run or {}),
+        "totals": totals,
+        "quality": summary_quality(clips),
+        "clips": clips,
+    }
     text = json.dumps(body, indent=2, sort_keys=True, default=str) + "\n"
     return atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def convert_clips(
     clips: Sequence[str | os.PathLike],
-    model: str | os.PathLike,
+    model: str | os.PathLike | None,
     *,
     options: ConvertOptions,
     out_dir: str | os.PathLike,
@@ -401,12 +683,17 @@ def convert_clips(
             poselib npy, SkeletonMotion npz), folders (searched recursively for those extensions) and globs.
             A symlink is read by its own name's extension. A file that is not regular (a FIFO, a device) is
             listed as failed without being opened.
-        model: the articulation file (MJCF or URDF) the configuration retargets onto.
-        options: :class:`ConvertOptions` (the retarget configuration and mapping options).
+        model: the articulation file (MJCF or URDF) the configuration retargets onto; ``None`` with a robot
+            configuration: its own ``target_model`` (found as
+            :meth:`kangengine.retarget.RobotRetargetConfig.target_model_path` says).
+        options: :class:`ConvertOptions` (the retarget configuration and mapping options). A robot
+            configuration (:func:`config_kind`) runs ``retarget_to_robot`` on every clip and writes its metrics
+            beside each output (:func:`metrics_path`); it needs a free root and the model's DFS order (the
+            configuration's layout signature is checked against the model before any clip).
         out_dir: output folder (created; checked writable before any work). The tree of the inputs, relative
             to their common folder, is mirrored: ``walks/02_01.bvh`` -> ``out_dir/walks/02_01.npz``; plus
             ``manifest.jsonl`` (one line per finished clip, accumulating over runs) and
-            ``convert_summary.json`` (every clip ever done, rewritten after each clip).
+            ``convert_summary.json`` (every clip ever done with its ``quality``, rewritten after each clip).
         overwrite: redo clips whose output is up to date.
         workers: worker processes (1: in this process); ``jobs`` is its older name.
         threads: torch threads per process.
@@ -424,20 +711,19 @@ def convert_clips(
         in the manifest and in the summary, never raised.
     Raises:
         FormatError: the model cannot be loaded or the configuration does not exist (nothing converted).
+        LayoutMismatch: a robot configuration written for another model (nothing converted).
         OutputFolderError: ``out_dir`` is a file or not writable.
         BatchInterrupted: Ctrl-C; the clips finished so far are in the manifest and the summary.
     """
-    from ..retarget import load_retarget_config
     from . import batch
     from .load import MOTION_LOADERS
 
     workers = int(jobs) if jobs is not None else int(workers)
-    config = load_retarget_config(options.config).to_dict()  # fails early on an unknown configuration
-    model = os.fspath(Path(model).absolute())
-    if not Path(model).is_file():
-        raise FileMissingError("no such model file", path=model)
+    robot_cfg, config, model = _job_config(options, model)  # fails early on an unknown configuration
     model_sha = batch.file_sha256(model)
     _, layout, _ = _setup(model, model_sha, options)
+    if robot_cfg is not None:  # a configuration for another model (or another body order) converts nothing
+        robot_cfg.check_model(layout, path=model)
     out = batch.check_out_dir(out_dir)
     sources = batch.collect_clips(clips, extensions=MOTION_LOADERS)
     stems = batch.output_stems([c.rel for c in sources])
@@ -445,7 +731,7 @@ def convert_clips(
     manifest = out / batch.manifest_name(shard_index, shard_count)
     summary = out / SUMMARY_NAME
     targets = [out / f"{stem}.npz" for _, stem in mine]
-    batch.clean_stale_temporaries(out, [*targets, summary])
+    batch.clean_stale_temporaries(out, [*targets, *(metrics_path(t) for t in targets), summary])
     entries = batch.read_manifests(out, command="convert")
     job_fp = _job_fingerprint(model_sha, config, options, load_options)
     tasks = []
@@ -467,6 +753,7 @@ def convert_clips(
                     prev_status,
                     overwrite,
                     retry_failed,
+                    robot_cfg,
                 ),
             )
         )
@@ -494,6 +781,30 @@ def convert_clips(
         write_convert_summary(summary, entries, run={**run, "counts": {"converted": 0, "up_to_date": 0, "failed": 0}})
     ordered = tuple(outcomes[src.rel] for src, _ in mine)
     return BatchReport(ordered, options, model, layout.model_signature, os.fspath(summary), os.fspath(manifest))
+
+
+def _job_config(options: ConvertOptions, model) -> tuple:
+    """``(robot configuration or None, configuration content for the fingerprint, absolute model path)``."""
+    from ..retarget import load_retarget_config, load_robot_config
+
+    if config_kind(options.config) == "robot":
+        if not options.free_root:
+            raise FormatError(
+                f"robot configuration {options.config!r} retargets onto a free root; expected free_root=True",
+                item="free_root",
+            )
+        if model is not None and not Path(model).is_file():
+            raise FileMissingError("no such model file", path=model)
+        cfg = load_robot_config(options.config, model=model)
+        content = {**cfg.to_dict(), "target_model": None}  # the model's bytes are fingerprinted, not its path
+        return cfg, content, os.fspath(Path(cfg.target_model).absolute())
+    config = load_retarget_config(options.config).to_dict()
+    if model is None:
+        raise FileMissingError(f"skeleton configuration {options.config!r} needs the model file", item="model")
+    model = os.fspath(Path(model).absolute())
+    if not Path(model).is_file():
+        raise FileMissingError("no such model file", path=model)
+    return None, config, model
 
 
 def merge_manifests(out_dir: str | os.PathLike) -> dict:
