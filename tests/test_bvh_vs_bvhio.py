@@ -137,3 +137,46 @@ def test_native_parser_accepts_the_plain_forms():
     got = _decimal.parse_rows(b"\n -.5\t+2.\r\n\n  \n8.33909e-14 1E5\n-0 1e22", 0, 2)
     np.testing.assert_array_equal(got, [[-0.5, 2.0], [8.33909e-14, 1e5], [-0.0, 1e22]])
     assert math.copysign(1.0, got[2, 0]) == -1.0
+
+
+def _nodes_equal(a, b) -> bool:
+    return len(a) == len(b) and all(
+        {s: getattr(x, s) for s in bvh._Node.__slots__} == {s: getattr(y, s) for s in bvh._Node.__slots__}
+        for x, y in zip(a, b)
+    )
+
+
+@pytest.mark.parametrize("rel", ["bvh/other/bvhio_example.bvh", "bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"])
+def test_fast_hierarchy_parser_on_mutated_headers_agrees_or_defers(rel):
+    """Line mutations (dropped, doubled, swapped, a token replaced or joined): the fast parser either gives the
+    token parser's nodes or returns None; it never accepts a header the token parser refuses."""
+    path = DATA / rel
+    header = bvh._split_file(bvh._normalise(path.read_bytes()), path)[0]
+    lines = header.split("\n")
+    rng = np.random.default_rng(3)
+    outcomes = {"same": 0, "deferred": 0}
+    for _ in range(300):
+        ls = list(lines)
+        i, j = (int(v) for v in rng.integers(0, len(ls), size=2))
+        kind = int(rng.integers(0, 5))
+        if kind == 0:
+            del ls[i]
+        elif kind == 1:
+            ls.insert(i, ls[i])
+        elif kind == 2:
+            ls[i], ls[j] = ls[j], ls[i]
+        elif kind == 3:
+            toks = ls[i].split() or [""]
+            toks[int(rng.integers(0, len(toks)))] = str(rng.choice(["nan", "{", "}", "x", "1e999", "7", "JOINT"]))
+            ls[i] = " ".join(toks)
+        else:
+            ls[i] = ls[i] + " " + ls[j].strip()
+        text = "\n".join(ls)
+        fast = bvh._parse_hierarchy_fast(text)
+        if fast is None:
+            outcomes["deferred"] += 1
+            continue
+        slow = bvh._parse_hierarchy(text, path)  # raises if the fast parser accepted a bad header
+        assert _nodes_equal(fast, slow)
+        outcomes["same"] += 1
+    assert outcomes["same"] > 10 and outcomes["deferred"] > 10

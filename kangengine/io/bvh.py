@@ -348,15 +348,13 @@ def _parse_hierarchy_fast(text: str) -> list[_Node] | None:
             nodes.append(pending)
             head, pending = pending, None
             continue
-        key = t0.upper()
-        if head is not None and key in ("OFFSET", "CHANNELS"):
-            if not _fast_head_line(head, key, toks, ln):
-                return None
-            continue
         if head is not None:
-            if head.offset is None:
+            took = _fast_head_line(head, toks, ln)
+            if took:
+                continue
+            if took is False or head.offset is None:
                 return None
-            head = None
+            head = None  # the block's head is over
         if not nodes:
             if t0 != "ROOT" or len(toks) < 2:
                 return None
@@ -381,30 +379,50 @@ def _parse_hierarchy_fast(text: str) -> list[_Node] | None:
     return nodes
 
 
-def _fast_head_line(node: _Node, key: str, toks: list[str], ln: int) -> bool:
-    """One OFFSET or CHANNELS line of :func:`_parse_hierarchy_fast` into ``node``; False when unusual."""
+def _fast_head_line(head: _Node, toks: list[str], ln: int) -> bool | None:
+    """An OFFSET or CHANNELS line of :func:`_parse_hierarchy_fast` into ``head``: True when taken, False when
+    unusual (the token parser must read the file), None when the line is neither."""
+    key = toks[0].upper()
     if key == "OFFSET":
-        if node.offset is not None or len(toks) != 4:
+        if head.offset is not None or len(toks) != 4:
             return False
         try:
-            off = [float(t) for t in toks[1:]]
+            x, y, z = float(toks[1]), float(toks[2]), float(toks[3])
         except ValueError:
             return False
-        if not all(math.isfinite(v) for v in off):
+        if not math.isfinite(x - x + y - y + z - z):  # inf - inf is NaN
             return False
-        node.offset, node.offset_line = off, ln
+        head.offset, head.offset_line = [x, y, z], ln
         return True
-    if node.has_channels or node.end_site or len(toks) < 2:
-        return False
+    if key == "CHANNELS":
+        chans = _fast_channels(toks)
+        if chans is None or head.has_channels or head.end_site:
+            return False
+        head.channels, head.has_channels, head.channels_line = list(chans), True, ln
+        return True
+    return None
+
+
+_FAST_CHANNELS: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+
+
+def _fast_channels(toks: list[str]) -> tuple[str, ...] | None:
+    """The channel keys of a ``CHANNELS n names...`` line (all on it, valid and distinct), else ``None``;
+    memoised (a file repeats a few channel lines)."""
+    key = tuple(toks)
+    if key in _FAST_CHANNELS:
+        return _FAST_CHANNELS[key]
+    chans = None
     try:
-        n = int(toks[1])
+        n = int(toks[1]) if len(toks) >= 2 else -1
     except ValueError:
-        return False
-    chans = [c.lower() for c in toks[2:]]
-    if not 0 <= n <= 6 or len(chans) != n or len(set(chans)) != n or any(c not in _CHANNEL_NAME for c in chans):
-        return False
-    node.channels, node.has_channels, node.channels_line = chans, True, ln
-    return True
+        n = -1
+    keys = tuple(c.lower() for c in toks[2:])
+    if 0 <= n <= 6 and len(keys) == n and len(set(keys)) == n and all(c in _CHANNEL_NAME for c in keys):
+        chans = keys
+    if len(_FAST_CHANNELS) < 256:
+        _FAST_CHANNELS[key] = chans
+    return chans
 
 
 def _node_names(nodes: list[_Node]) -> tuple[list[str], list[str]]:
@@ -663,17 +681,19 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     nf = rot.shape[0]
     rows = np.unique(np.linspace(0, nf - 1, min(nf, 32)).round().astype(np.int64))
     lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
-    # parent_from_node as 4x4 homogeneous matrices: one product per tree level gives world rotation and position
-    world = np.zeros(lt_rows.shape[:2] + (4, 4))
-    world[..., :3, :3] = R.quat_to_matrix(rot[rows].astype(np.float64))
-    world[..., :3, 3] = lt_rows
+    # parent_from_node as 4x4 homogeneous matrices, node-major (each node's frames contiguous): one product per
+    # tree level gives world rotations and positions
+    nn = lt_rows.shape[1]
+    world = np.zeros((nn, len(rows), 4, 4))
+    world[..., :3, :3] = R.quat_to_matrix(np.ascontiguousarray(rot[rows].transpose(1, 0, 2), dtype=np.float64))
+    world[..., :3, 3] = lt_rows.transpose(1, 0, 2)
     world[..., 3, 3] = 1.0
-    world[:, 0, :3, 3] = root_t[rows]
+    world[0, :, :3, 3] = root_t[rows]
     parents = np.asarray(parents, dtype=np.int64)
     with np.errstate(over="ignore", invalid="ignore"):  # overflowing skeletons are refused by the caller
         for idx in _depth_levels(parents):  # one vectorised step per tree level: linear in the node count
-            world[:, idx] = world[:, parents[idx]] @ world[:, idx]
-    pos = world[..., :3, 3]
+            world[idx] = world[parents[idx]] @ world[idx]
+    pos = world[..., :3, 3].transpose(1, 0, 2)
     pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
     return pos[:, 1:] if pos.shape[1] > 1 else pos
