@@ -51,7 +51,9 @@ __all__ = [
     "available",
     "cache_dir",
     "cache_key",
+    "compile_ir",
     "compile_program",
+    "host_key",
     "compile_trace",
     "kernel_ir",
     "run_kernel",
@@ -523,22 +525,22 @@ def _cache_write(path: Path, obj: bytes) -> None:
         pass
 
 
-def compile_program(
-    ops, outputs, n_in: int, n_out: int, dtype, *, cache: bool = True, cached_only: bool = False
-) -> NativeKernel | None:
-    """Compile a traced program (see :func:`kernel_ir`) for this CPU. Raises when llvmlite is missing.
+def compile_ir(
+    ir_text: Callable[[], str], key: str, entry: str, *, cache: bool = True, cached_only: bool = False
+) -> tuple[object, int, bool] | None:
+    """Machine code for this CPU of the LLVM IR module ``ir_text()`` (called only when it must be built), through
+    the on-disk cache (:func:`cache_dir`, file ``<key>.o``; ``key`` must name everything the code depends on).
 
-    ``cache``: load the object code from the on-disk cache (:func:`cache_dir`) when it holds this program for
-    this machine, else build it and store it there. ``NativeKernel.from_cache`` tells which happened.
-    ``cached_only``: return ``None`` instead of building when the cache does not hold the program."""
+    Returns ``(engine, address of entry, loaded from the cache)`` (keep ``engine`` alive while the code runs), or
+    ``None`` with ``cached_only=True`` when the cache does not hold ``key``. Raises when llvmlite is missing."""
     llvm = _binding()
     if llvm is None:
         raise RuntimeError("llvmlite is not available")
-    path = cache_dir() / f"{cache_key(ops, outputs, n_in, n_out, dtype)}.o" if cache or cached_only else None
+    path = cache_dir() / f"{key}.o" if cache or cached_only else None
     obj = _cache_read(path) if path is not None else None
     if obj is None and cached_only:
         return None
-    text = "" if obj is not None else kernel_ir(ops, outputs, n_in, n_out, dtype)
+    text = "" if obj is not None else ir_text()
     built: list[bytes] = []
     with _lock:  # LLVM contexts are not shared between threads while compiling
         mod = llvm.parse_assembly(text)  # an empty module when the object code comes from the cache
@@ -552,13 +554,48 @@ def compile_program(
         if path is not None:
             engine.set_object_cache(lambda _m, buf: built.append(bytes(buf)), lambda _m: obj)
         engine.finalize_object()
-        address = engine.get_function_address("kernel")
+        address = engine.get_function_address(entry)
     if not address:
-        raise RuntimeError("the native kernel has no entry point")
+        raise RuntimeError(f"the native kernel has no entry point {entry!r}")
     if path is not None and obj is None and built:
         _cache_write(path, built[0])
+    return engine, address, obj is not None
+
+
+def host_key(*parts: str) -> str:
+    """Hex SHA-256 of ``parts`` and of what machine code depends on here (llvmlite and LLVM versions, CPU name and
+    features): a :func:`compile_ir` key."""
+    llvm = _binding()
+    import llvmlite
+
+    h = hashlib.sha256()
+    version = ".".join(map(str, llvm.llvm_version_info)) if llvm is not None else ""
+    for part in (llvmlite.__version__, version, _host[0], _host[1], *parts):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compile_program(
+    ops, outputs, n_in: int, n_out: int, dtype, *, cache: bool = True, cached_only: bool = False
+) -> NativeKernel | None:
+    """Compile a traced program (see :func:`kernel_ir`) for this CPU. Raises when llvmlite is missing.
+
+    ``cache``: load the object code from the on-disk cache (:func:`cache_dir`) when it holds this program for
+    this machine, else build it and store it there. ``NativeKernel.from_cache`` tells which happened.
+    ``cached_only``: return ``None`` instead of building when the cache does not hold the program."""
+    built = compile_ir(
+        lambda: kernel_ir(ops, outputs, n_in, n_out, dtype),
+        cache_key(ops, outputs, n_in, n_out, dtype),
+        "kernel",
+        cache=cache,
+        cached_only=cached_only,
+    )
+    if built is None:
+        return None
+    engine, address, from_cache = built
     kern = NativeKernel(engine, address, n_in, n_out, np.dtype(dtype))
-    kern.from_cache = obj is not None
+    kern.from_cache = from_cache
     return kern
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 
 import numpy as np
 
@@ -283,30 +284,17 @@ class SamplingMixin:
             :class:`MotionSample`; positions lerp, rotations slerp (or nlerp, see ``interpolation``),
             velocities lerp.
         """
-        import torch
 
         ids, t = self._broadcast(self._ids(motion_ids, check), self._times(times, check), "times")
         n = ids.shape[0]
-        clip = self._clip_table.index_select(0, ids)
-        fps, dur = clip[:, CLIP_FPS], clip[:, CLIP_DURATION]
-        if loop:
-            cycles = torch.div(t, clip[:, CLIP_PERIOD], rounding_mode="floor")
-            local_t = torch.addcmul(t, cycles, dur, value=-1.0)
+        located = self._locate_native(ids, t, loop)
+        if located is not None:
+            g, blend, offsets = located
         else:
-            local_t = torch.minimum(t, dur)
-        pos = local_t * fps
-        last = clip[:, CLIP_LAST]
-        f0 = torch.minimum(torch.floor(pos), last)
-        blend = (pos - f0).clamp_(0.0, 1.0).to(self.dtype)
-        g = (torch.stack((f0, torch.minimum(f0 + 1.0, last))) + clip[:, CLIP_START]).to(torch.int64).reshape(-1)
+            g, blend, offsets = self._locate_torch(ids, t, loop)
         cols = self._cols
         buf = self._out_rows(out, n)
-        w = blend[:, None]
-        self._blend_rows(self._frames, g[:n], g[n:], w, buf, cols.rot)
-        offsets = None
-        if loop:
-            offsets = (cycles[:, None] * clip[:, CLIP_DISPLACEMENT]).to(self.dtype)
-            buf[:, cols.root] += offsets
+        self._blend_rows(self._frames, g[:n], g[n:], blend, buf, cols.rot, offsets, 3)
         backend = None
         if self.adapter is not None:
             b = self._backend.index_select(0, g)
@@ -325,6 +313,48 @@ class SamplingMixin:
             backend_state=backend,
             interpolated=True,
         )
+
+    def _locate_native(self, ids, t, loop: bool):
+        """:meth:`_locate_torch` in one compiled pass (:func:`.native_blend.locate_kernel`) on the CPU, or
+        ``None`` where the torch strategy must run."""
+        import torch
+
+        if not getattr(self, "_use_native_blend", True) or self.device.type != "cpu":
+            return None
+        from . import native_blend
+
+        try:
+            kern = native_blend.locate_kernel(np.float32 if self.dtype == torch.float32 else np.float64, loop)
+        except Exception:  # the blend's own build reports the failure; torch instead
+            kern = None
+        if kern is None:
+            return None
+        n = ids.shape[0]
+        g = torch.empty(2 * n, dtype=torch.int64)
+        blend = torch.empty(n, dtype=self.dtype)
+        offsets = torch.empty((n, 3), dtype=self.dtype) if loop else None
+        kern(ids, t, self._clip_table, g, blend, blend if offsets is None else offsets)
+        return g, blend, offsets
+
+    def _locate_torch(self, ids, t, loop: bool):
+        """Per query: the packed frame pair ``g [2 n] int64`` (frame0 then frame1), the blend weight ``[n]`` and
+        the loop offsets ``[n, 3]`` (``None`` without ``loop``), in torch ops on any device."""
+        import torch
+
+        clip = self._clip_table.index_select(0, ids)
+        fps, dur = clip[:, CLIP_FPS], clip[:, CLIP_DURATION]
+        if loop:
+            cycles = torch.div(t, clip[:, CLIP_PERIOD], rounding_mode="floor")
+            local_t = torch.addcmul(t, cycles, dur, value=-1.0)
+        else:
+            local_t = torch.minimum(t, dur)
+        pos = local_t * fps
+        last = clip[:, CLIP_LAST]
+        f0 = torch.minimum(torch.floor(pos), last)
+        blend = (pos - f0).clamp_(0.0, 1.0).to(self.dtype)
+        g = (torch.stack((f0, torch.minimum(f0 + 1.0, last))) + clip[:, CLIP_START]).to(torch.int64).reshape(-1)
+        offsets = (cycles[:, None] * clip[:, CLIP_DISPLACEMENT]).to(self.dtype) if loop else None
+        return g, blend, offsets
 
     def sample_frames(self, motion_ids, frames, *, check: bool | None = None, out=None) -> MotionSample:
         """The stored frames ``frames`` (clip-local indices ``[n]``) of clips ``motion_ids``, bit for bit.
@@ -404,11 +434,57 @@ class SamplingMixin:
             )
         return rows
 
-    def _blend_rows(self, table, frame0, frame1, w, out, quat_cols: slice) -> None:
-        """``out = blend(table[frame0], table[frame1], w)``: gather the frame0 rows straight into ``out`` and the
-        frame1 rows into a scratch buffer, lerp whole rows in place, and slerp (or renormalise: nlerp) the
-        quaternion columns. ``frame1`` must be the successor of ``frame0`` in its clip (or ``frame0`` at a clip's
-        end), as :meth:`sample` makes it: the slerp reads that frame pair's angle from :func:`pair_angle_table`."""
+    def _blend_rows(self, table, frame0, frame1, blend, out, quat_cols: slice, offsets=None, offset_cols: int = 0):
+        """``out = blend(table[frame0], table[frame1], blend)``, plus ``offsets [n, 3]`` (when given) added to each
+        of the position columns ``[0, offset_cols)`` (``c`` gets component ``c mod 3``).
+
+        ``frame1`` must be the successor of ``frame0`` in its clip (or ``frame0`` at a clip's end), as
+        :meth:`sample` makes it: the slerp reads that frame pair's angle from :func:`pair_angle_table`. On the CPU
+        one compiled pass per query does all of it (:mod:`.native_blend`); elsewhere (or without llvmlite) the
+        torch strategy :meth:`_blend_rows_torch` runs."""
+        kern = self._native_blend(table, out, quat_cols, offsets is not None and offset_cols, frame0, blend)
+        if kern is not None:
+            slerp = self.interpolation is Interpolation.SLERP
+            pairs = self._pair_angles(table, quat_cols) if slerp else table
+            kern(table, pairs, frame0, frame1, blend, table if offsets is None else offsets.contiguous(), out)
+            return
+        self._blend_rows_torch(table, frame0, frame1, blend[:, None], out, quat_cols)
+        if offsets is not None and offset_cols:
+            self._add_offsets_(out[:, :offset_cols], offsets)
+
+    def _native_blend(self, table, out, quat_cols: slice, offset_cols: int, frame0, blend):
+        """The compiled blend (:func:`.native_blend.blend_kernel`) for this call, or ``None`` when the torch
+        strategy must run: not on the CPU, a tensor requiring grad or not contiguous, llvmlite missing, or
+        ``_use_native_blend`` set to ``False`` (the tests compare the two strategies)."""
+        import torch
+
+        if not getattr(self, "_use_native_blend", True) or table.device.type != "cpu":
+            return None
+        if table.requires_grad or not (table.is_contiguous() and out.is_contiguous() and frame0.is_contiguous()):
+            return None
+        if blend.dtype != table.dtype or not blend.is_contiguous() or table.dtype not in (torch.float32, torch.float64):
+            return None
+        from . import native_blend
+
+        dt = np.float32 if table.dtype == torch.float32 else np.float64
+        k = (quat_cols.stop - quat_cols.start) // 4
+        try:
+            return native_blend.blend_kernel(
+                dt, table.shape[1], quat_cols.start, k, self.interpolation is Interpolation.SLERP, int(offset_cols)
+            )
+        except Exception as exc:  # never fail a sample over the fast path: torch instead, from now on
+            warnings.warn(
+                f"kangengine: the native library blend could not be built ({exc}); using torch",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self._use_native_blend = False
+            return None
+
+    def _blend_rows_torch(self, table, frame0, frame1, w, out, quat_cols: slice) -> None:
+        """The torch strategy of :meth:`_blend_rows` (without offsets; ``w [n, 1]``): gather the frame0 rows
+        straight into ``out`` and the frame1 rows into a scratch buffer, lerp whole rows in place, and slerp (or
+        renormalise: nlerp) the quaternion columns."""
         import torch
 
         n = frame0.shape[0]
@@ -543,10 +619,13 @@ class SamplingMixin:
             rows = torch.empty((n, 13 * b), dtype=self.dtype, device=self.device)
         if not sample.interpolated:
             torch.index_select(self._kin, 0, sample.frame0, out=rows)
+            if sample.loop_offsets is not None:
+                self._add_offsets_(rows[:, 0 : 3 * b], sample.loop_offsets)
         else:
-            self._blend_rows(self._kin, sample.frame0, sample.frame1, sample.blend[:, None], rows, slice(3 * b, 7 * b))
-        if sample.loop_offsets is not None:
-            self._add_offsets_(rows[:, 0 : 3 * b], sample.loop_offsets)
+            quats = slice(3 * b, 7 * b)
+            self._blend_rows(
+                self._kin, sample.frame0, sample.frame1, sample.blend, rows, quats, sample.loop_offsets, 3 * b
+            )
         p, r, v, w = kin_views(rows, b)
         return BodyState(
             body_positions=p, body_rotations_wxyz=r, body_linear_velocities=v, body_angular_velocities=w, rows=rows
