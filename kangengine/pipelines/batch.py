@@ -350,6 +350,9 @@ def _watch_parent(parent: int) -> None:
 def _worker_init(parent: int, threads: int, init: Callable | None, init_args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    from ._workers import bind_to_parent  # the kernel kills this worker when its parent dies (prctl PDEATHSIG)
+
+    bind_to_parent(parent)
     set_threads(threads)
     if init is not None:
         init(*init_args)
