@@ -987,3 +987,106 @@ def test_load_scans_frames_unless_skip_checks(saved_library, tmp_path):
     a, b = MotionLibrary.load(saved_library), MotionLibrary.load(saved_library, skip_checks=True)
     ids, times = torch.tensor([0, 1, 2]), torch.tensor([0.3, 0.9, 1.1], dtype=torch.float64)
     assert torch.equal(a.sample(ids, times).rows, b.sample(ids, times).rows)
+
+
+# -- the compiled CPU strategy (native_blend) ---------------------------------------------------------------
+
+
+def _torch_strategy(lb):
+    """A library object sharing ``lb``'s buffers that samples with the torch strategy (what CUDA runs)."""
+    import copy
+
+    other = copy.copy(lb)
+    other._scratch_cache, other._const_cache = {}, {}
+    other._use_native_blend = False
+    return other
+
+
+needs_llvmlite = pytest.mark.skipif(
+    not __import__("kangengine.animation.kinematics.native", fromlist=["x"]).available(), reason="needs llvmlite"
+)
+
+
+@needs_llvmlite
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("interpolation", ["slerp", "nlerp"])
+def test_compiled_and_torch_strategies_agree(amp, dtype, interpolation):
+    """The one-pass CPU kernels against the torch strategy on the real AMP clips: frame pairs, blend weights and
+    loop offsets bit for bit (the same float64 operations, torch.div's floor included), every row value to the
+    dtype's rounding; queries at stored frames, clip ends, exact loop periods, far loops, clamped and looped."""
+    from kangengine.animation.library import native_blend
+
+    lb = MotionLibrary(amp, precompute_kinematics=True, dtype=dtype, interpolation=interpolation)
+    ref = _torch_strategy(lb)
+    gen = torch.Generator().manual_seed(7)
+    ids = lb.sample_motion_ids(2000, generator=gen)
+    times = lb.sample_times(ids, generator=gen) * 3.0
+    dur = lb.clip_duration[ids]
+    times[:300] = torch.round(times[:300] * lb.clip_fps[ids[:300]]) / lb.clip_fps[ids[:300]]  # stored frames
+    times[300:400] = dur[300:400] * torch.arange(100, dtype=torch.float64) % 7  # whole periods
+    times[400:450] = dur[400:450]
+    times[450:500] = 1e4 + times[450:500]
+    tol = 2e-6 if dtype == torch.float32 else 1e-13
+    for loop in (True, False):
+        a, b = lb.sample(ids, times, loop=loop), ref.sample(ids, times, loop=loop)
+        for field in ("frame0", "frame1", "blend", "loop_offsets"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x is None and y is None) or torch.equal(x, y), field
+        assert torch.allclose(a.rows, b.rows, rtol=tol, atol=tol)  # (positions 1e4 s away are large)
+        ka, kb = lb.sample_kinematics(a), ref.sample_kinematics(b)
+        assert torch.allclose(ka.rows, kb.rows, rtol=tol, atol=tol)
+        q = _np(ka.body_rotations_wxyz)
+        assert np.abs(np.linalg.norm(q, axis=-1) - 1).max() < tol
+    dt = np.float32 if dtype == torch.float32 else np.float64
+    assert native_blend.blend_kernel(
+        dt, lb._kin.shape[1], 3 * lb.num_bodies, lb.num_bodies, interpolation == "slerp", 0
+    )
+
+
+@needs_llvmlite
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_slerp_against_scipy_on_random_rotations(dtype):
+    """Random rotations up to pi apart between stored frames (hemisphere flips, near-antipodal and identical
+    neighbours), one clip per body count so the SIMD pieces of every width run: scipy's Slerp of the stored
+    frames, both strategies."""
+    rng = np.random.default_rng(21)
+    for bodies in (1, 3, 7, 24):
+        tree = SkeletonTree(
+            [f"b{i}" for i in range(bodies)], np.arange(-1, bodies - 1), rng.normal(size=(bodies, 3)) * 0.1
+        )
+        frames = 40
+        rot = Rotation.random(frames * bodies, random_state=rng).as_quat(scalar_first=True).reshape(frames, bodies, 4)
+        rot[5] = rot[4]  # identical neighbours
+        rot[9] = R.quat_multiply(rot[8], R.quat_from_axis_angle(np.array([0.0, 0.0, 1.0]), np.pi - 1e-3))  # ~antipodal
+        m = SkeletonMotion(tree, rng.normal(size=(frames, 3)), rot, 10.0)
+        lb = MotionLibrary([m], dtype=dtype)
+        t = rng.uniform(0, (frames - 1) / 10.0, 500)
+        t[:20] = np.arange(20) / 10.0 + 0.5 / 10.0
+        stored = _np(lb.packed_buffers().local_rotations_wxyz)
+        for strategy in (lb, _torch_strategy(lb)):
+            s = strategy.sample(np.zeros(500, np.int64), t, loop=False)
+            got = _np(s.local_rotations_wxyz)
+            for j in range(bodies):
+                ref = Slerp(np.arange(frames), Rotation.from_quat(stored[:, j], scalar_first=True))(t * 10.0)
+                err = _angle(got[:, j], ref.as_quat(scalar_first=True)).max()
+                assert err < (1e-5 if dtype == torch.float32 else 1e-12), (bodies, j, err)
+
+
+@needs_llvmlite
+def test_a_sample_does_not_depend_on_its_batch(amp):
+    """A query's pose and body state are bit-identical computed alone and inside batches of any size and position
+    (every query runs the same instructions)."""
+    lb = MotionLibrary(amp, precompute_kinematics=True)
+    gen = torch.Generator().manual_seed(3)
+    ids = lb.sample_motion_ids(64, generator=gen)
+    times = lb.sample_times(ids, generator=gen) * 2.0
+    one = lb.sample(ids[:1], times[:1])
+    one_k = lb.sample_kinematics(one)
+    for n in (2, 3, 17, 64):
+        for pos in (0, n - 1):
+            order = torch.cat([ids[1 : pos + 1], ids[:1], ids[pos + 1 : n]])
+            tt = torch.cat([times[1 : pos + 1], times[:1], times[pos + 1 : n]])
+            s = lb.sample(order, tt)
+            assert torch.equal(s.rows[pos], one.rows[0]) and torch.equal(
+                lb.sample_kinematics(s).rows[pos], one_k.rows[0]
+            )

@@ -319,6 +319,7 @@ def locate_ir(dtype, loop: bool) -> str:
     T = e.T
     L = [
         "declare double @llvm.floor.f64(double)",
+        "declare double @llvm.fma.f64(double, double, double)",
         "declare double @llvm.minnum.f64(double, double)",
         "declare double @llvm.maxnum.f64(double, double)",
         "declare double @llvm.copysign.f64(double, double)",
@@ -366,8 +367,8 @@ def locate_ir(dtype, loop: bool) -> str:
             "  %z = call double @llvm.copysign.f64(double 0.0, double %q)",
             "  %divnz = fcmp une double %div, 0.0",
             "  %cycles = select i1 %divnz, double %fl, double %z",
-            "  %cd = fmul double %cycles, %dur",
-            "  %local = fsub double %t, %cd",
+            "  %ncyc = fneg double %cycles",  # torch.addcmul rounds once (a fused multiply-add)
+            "  %local = call double @llvm.fma.f64(double %ncyc, double %dur, double %t)",
         ]
     else:
         L += ["  %tlt = fcmp olt double %t, %dur", "  %local = select i1 %tlt, double %t, double %dur"]
@@ -456,7 +457,7 @@ def locate_kernel(dtype, loop: bool) -> LocateKernel | None:
             if _native.available():
                 text = locate_ir(dtype, loop)
                 engine, address, _ = _native.compile_ir(
-                    lambda: text, _native.host_key("library-locate 1", text), "locate"
+                    lambda: text, _native.host_key("library-locate 2", text), "locate"
                 )
                 kern = LocateKernel(engine, address)
             _KERNELS[key] = kern

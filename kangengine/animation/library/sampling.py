@@ -449,7 +449,9 @@ class SamplingMixin:
             kern(table, pairs, frame0, frame1, blend, table if offsets is None else offsets.contiguous(), out)
             return
         self._blend_rows_torch(table, frame0, frame1, blend[:, None], out, quat_cols)
-        if offsets is not None and offset_cols:
+        if offsets is not None and offset_cols == 3:
+            out[:, :3] += offsets
+        elif offsets is not None and offset_cols:
             self._add_offsets_(out[:, :offset_cols], offsets)
 
     def _native_blend(self, table, out, quat_cols: slice, offset_cols: int, frame0, blend):
