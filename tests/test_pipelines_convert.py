@@ -335,3 +335,37 @@ def test_a_fifo_given_as_a_clip_is_failed_without_blocking(tmp_path):
     report = json.loads(done.stdout)
     assert done.returncode == 1 and report["counts"] == {"converted": 1, "up_to_date": 0, "failed": 1}
     assert "FIFO" in report["failed"][0]["error"] and report["failed"][0]["clip"].endswith("clip.bvh")
+
+
+def test_summary_names_a_clip_whose_hinge_was_brought_back_from_a_wound_angle(tmp_path):
+    """A knee whose wanted rotation goes the long way round (past its upper limit, through the back, and in
+    again from below, as a long dance winds a hip): the mapper re-wraps those frames to the turn inside the
+    limits, and the clip's quality and the summary say so (the frames counted against the path we wound)."""
+    desc = ke.asset.load(MODEL)
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    mapper = ke.animation.ArticulationMotionMapper(layout)
+    knee = next(b for b in layout.blocks if b.joint_name == "ltibiarx")
+    lo, hi = knee.limits
+    n = 120
+    path = np.empty(n)
+    path[: n // 2] = np.linspace(0.5 * (lo + hi), lo + 2 * np.pi + 0.2, n // 2)
+    path[n // 2 :] = lo + 2 * np.pi + 0.2 - np.linspace(0, 0.1, n - n // 2)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, knee.q_offset] = path
+    st = mapper.to_skeleton_state(q)
+    clip = tmp_path / "wound.npz"
+    ke.animation.SkeletonMotion(
+        mapper.skeleton_tree, st.root_translation, st.local_rotation, 60.0, st.local_translation
+    ).save_npz(clip)
+    identity = {"name": "identity", "joint_mapping": {b: b for b in layout.body_names}, "target_asset": None}
+    identity.update(rotation_wxyz=[1, 0, 0, 0], scale=1.0, ground_fix="none", project_hinges=False)
+    config = tmp_path / "identity.json"
+    config.write_text(json.dumps(identity))
+    (o,) = convert_clips([clip], MODEL, options=ConvertOptions(config=str(config)), out_dir=tmp_path / "out").outcomes
+    assert o.status == "converted", o.error
+    outside = int(((path < lo) | (path > hi)).sum())
+    assert n // 2 <= o.quality["rewrapped_frames"]["ltibiarx"] <= outside
+    assert "ltibiarx" in o.quality["limit_violation_dofs"] and o.quality["limit_violation_max"] > 0.2
+    summary = json.loads((tmp_path / "out" / "convert_summary.json").read_text())
+    assert summary["quality"]["skeleton"]["clips_rewrapped"] == ["wound.npz"]
+    assert summary["clips"][0]["quality"]["rewrapped_frames"] == o.quality["rewrapped_frames"]
