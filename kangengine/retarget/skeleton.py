@@ -775,6 +775,11 @@ class _Articulation:
         )
 
 
+def _at_origin(anchor) -> bool:
+    """``np.allclose(anchor, 0)`` for a 3-vector, without its per-call cost."""
+    return all(abs(float(x)) <= 1e-8 for x in anchor)
+
+
 def _is_complete(art: _Articulation, b) -> bool:
     """Whether body ``b``'s joints reach every rotation (free, ball, or 3 hinges a1 _|_ a2 _|_ a3 at its origin)."""
     from ..asset.desc import JointType
@@ -782,7 +787,7 @@ def _is_complete(art: _Articulation, b) -> bool:
     js = art.joints[b]
     if len(js) == 1 and js[0].type in (JointType.FREE, JointType.BALL):
         return True
-    if len(js) == 3 and all(j.type is JointType.HINGE for j in js) and all(np.allclose(j.anchor, 0) for j in js):
+    if len(js) == 3 and all(j.type is JointType.HINGE for j in js) and all(_at_origin(j.anchor) for j in js):
         a = [j.axis / np.linalg.norm(j.axis) for j in js]
         return abs(a[0] @ a[1]) < 1e-6 and abs(a[1] @ a[2]) < 1e-6
     return False
@@ -801,58 +806,79 @@ class _HingeStep:
 def _hinge_plan(art: _Articulation, mapped: np.ndarray) -> list[_HingeStep]:
     from ..asset.desc import JointType
 
+    bone = np.linalg.norm(np.asarray(art.pos, dtype=np.float64), axis=-1)  # [n] parent -> body lengths
+    first_kid: dict[int, int] = {}  # body -> its first child with a bone of non-zero length
+    for c, cp in enumerate(art.parents):
+        if cp >= 0 and bone[c] > 1e-6:
+            first_kid.setdefault(int(cp), c)
     steps, used_parents = [], set()
     for b, p in enumerate(art.parents):
         js = art.joints[b]
         if p < 0 or not (mapped[b] and mapped[p]) or p in used_parents:
             continue
-        if len(js) != 1 or js[0].type is not JointType.HINGE or not np.allclose(js[0].anchor, 0):
+        if len(js) != 1 or js[0].type is not JointType.HINGE or not _at_origin(js[0].anchor):
             continue
-        if not _is_complete(art, p) or np.linalg.norm(art.pos[b]) < 1e-6:
-            continue
-        kids = [c for c, cp in enumerate(art.parents) if cp == b and np.linalg.norm(art.pos[c]) > 1e-6]
-        if not kids:
+        if bone[b] < 1e-6 or b not in first_kid or not _is_complete(art, p):
             continue
         j = js[0]
         lo, hi = (j.limits[0] - j.ref, j.limits[1] - j.ref) if j.limits is not None else (-np.inf, np.inf)
-        steps.append(_HingeStep(int(p), b, kids[0], j.axis / np.linalg.norm(j.axis), lo, hi))
+        steps.append(_HingeStep(int(p), b, first_kid[b], j.axis / np.linalg.norm(j.axis), lo, hi))
         used_parents.add(int(p))
     return steps
 
 
-def _project_hinge(G: np.ndarray, art: _Articulation, st: _HingeStep) -> None:
-    """In place on world rotations ``G [T, N, 4]``: see ``RetargetConfig.project_hinges``."""
-    rest = art.quat[st.body]
-    u = art.pos[st.body] / np.linalg.norm(art.pos[st.body])  # parent -> body bone, parent frame
-    d = art.pos[st.child]  # body -> child bone, body frame
-    a = st.axis
-    Gp, Gb = G[:, st.parent], G[:, st.body]
-    J = R.quat_multiply(R.quat_conjugate(rest), R.quat_multiply(R.quat_conjugate(Gp), Gb))  # joint rotation
+def _project_hinges(G: np.ndarray, art: _Articulation, steps: Sequence[_HingeStep]) -> list[_HingeStep]:
+    """In place on world rotations ``G [T, N, 4]``: every step of :func:`_hinge_plan` at once (see
+    ``RetargetConfig.project_hinges``); returns the steps applied (those whose hinge can bend the child bone).
+
+    The steps are independent: each writes its parent (a body whose joints reach every rotation) and its body
+    (a single hinge), and no step's parent or body is another step's, so one batch over ``[T, steps]`` equals
+    the steps one after another. Per step and frame: the hinge angle that puts the child bone where the motion
+    has it (of the two that reach, the one inside the limits, then nearest the swing-twist answer), and the
+    twist of the parent about the parent -> body bone that turns the bent child bone onto the wanted one."""
+    rows = []
+    for st in steps:  # per-step constants (Python floats, as the one-step formulas)
+        rest = art.quat[st.body]
+        u = art.pos[st.body] / np.linalg.norm(art.pos[st.body])  # parent -> body bone, parent frame
+        d = art.pos[st.child]  # body -> child bone, body frame
+        a = st.axis
+        u_b = R.quat_rotate(R.quat_conjugate(rest), u)
+        A = u_b @ (d - a * (a @ d))
+        B = u_b @ np.cross(a, d)
+        C = (u_b @ a) * (a @ d)
+        rho = math.hypot(A, B)
+        if rho >= 1e-9:
+            rows.append((st, rest, u, d, a, u_b, C, rho, math.atan2(B, A)))
+    if not rows:
+        return []
+    applied = [r[0] for r in rows]
+    P = np.array([st.parent for st in applied])
+    Bd = np.array([st.body for st in applied])
+    rest, u, d, a, u_b = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(1, 6))  # [S, 4|3]
+    C, rho, base = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(6, 9))  # [S]
+    lo = np.array([st.lo for st in applied])[:, None]
+    hi = np.array([st.hi for st in applied])[:, None]
+    Gp, Gb = G[:, P], G[:, Bd]  # [T, S, 4]
+    J = R.quat_multiply(R.quat_conjugate(rest), R.quat_multiply(R.quat_conjugate(Gp), Gb))  # joint rotations
     v_body = R.quat_rotate(J, d)  # where the child should be, in the rest-rotated body frame
-    u_b = R.quat_rotate(R.quat_conjugate(rest), u)
-    A = u_b @ (d - a * (a @ d))
-    B = u_b @ np.cross(a, d)
-    C = (u_b @ a) * (a @ d)
-    rho = math.hypot(A, B)
-    if rho < 1e-9:
-        return
-    c = np.clip((v_body @ u_b - C) / rho, -1.0, 1.0)
-    base, delta = math.atan2(B, A), np.arccos(c)
-    th = np.stack([R.wrap_angle(base + delta), R.wrap_angle(base - delta)], axis=-1)  # [T, 2]: both bends that reach
+    c = np.clip((np.einsum("tsk,sk->ts", v_body, u_b) - C) / rho, -1.0, 1.0)
+    delta = np.arccos(c)
+    th = np.stack([R.wrap_angle(base + delta), R.wrap_angle(base - delta)], axis=-1)  # [T, S, 2] both bends
     _, twist = R.quat_swing_twist(J, a)
-    th0 = 2 * np.arctan2(twist[..., 1:] @ a, twist[..., 0])  # the plain swing-twist answer
-    outside = np.maximum(st.lo - th, 0) + np.maximum(th - st.hi, 0)
-    cost = outside * 1e3 + np.abs(R.wrap_angle(th - R.wrap_angle(th0)[:, None]))
-    pick = th[np.arange(len(th)), np.argmin(cost, axis=1)]
+    th0 = 2 * np.arctan2(np.einsum("tsk,sk->ts", twist[..., 1:], a), twist[..., 0])  # the plain swing-twist answer
+    outside = np.maximum(lo - th, 0) + np.maximum(th - hi, 0)
+    cost = outside * 1e3 + np.abs(R.wrap_angle(th - R.wrap_angle(th0)[..., None]))
+    pick = np.take_along_axis(th, np.argmin(cost, axis=-1)[..., None], axis=-1)[..., 0]  # [T, S]
     Jn = R.quat_from_axis_angle(a, pick)
     w = R.quat_rotate(rest, R.quat_rotate(Jn, d))  # child bone with the hinge, parent frame
     v = R.quat_rotate(rest, v_body)
-    w_perp = w - np.outer(w @ u, u)
-    v_perp = v - np.outer(v @ u, u)
-    phi = np.arctan2(np.cross(w_perp, v_perp) @ u, (w_perp * v_perp).sum(-1))
+    w_perp = w - np.einsum("tsk,sk->ts", w, u)[..., None] * u
+    v_perp = v - np.einsum("tsk,sk->ts", v, u)[..., None] * u
+    phi = np.arctan2(np.einsum("tsk,sk->ts", np.cross(w_perp, v_perp), u), (w_perp * v_perp).sum(-1))
     Gp_new = R.quat_multiply(Gp, R.quat_from_axis_angle(u, phi))
-    G[:, st.parent] = Gp_new
-    G[:, st.body] = R.quat_multiply(Gp_new, R.quat_multiply(rest, Jn))
+    G[:, P] = Gp_new
+    G[:, Bd] = R.quat_multiply(Gp_new, R.quat_multiply(rest, Jn))
+    return applied
 
 
 # -- result and algorithm --------------------------------------------------------------------------------
@@ -1062,9 +1088,8 @@ def retarget_motion(
     projected = []
     if config.project_hinges and tgt.art is not None:
         steps = _hinge_plan(tgt.art, tgt_mapped)
-        for st in steps:
-            _project_hinge(G, tgt.art, st)
-            projected.append(tgt_names[st.body])
+        _project_hinges(G, tgt.art, steps)
+        projected = [tgt_names[st.body] for st in steps]
         if steps and not tgt_mapped.all():  # re-place unmapped bodies under projected parents
             for k in np.flatnonzero(~tgt_mapped):
                 p = parents[k]
