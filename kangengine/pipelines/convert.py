@@ -279,7 +279,9 @@ def config_kind(config: str | os.PathLike) -> str:
 
 def _is_config(value: str) -> bool:
     p = Path(value)
-    if p.is_file() and p.suffix.lower() != ".json":
+    if p.suffix.lower() == ".json":
+        return True  # a configuration file, or a missing one that config_kind then names
+    if p.is_file():
         return False  # a model file
     try:
         config_kind(value)
