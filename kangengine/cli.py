@@ -1,12 +1,17 @@
-"""The ``kangengine`` command: ``info``, ``configs``, ``convert``, ``validate`` and ``merge``.
+"""The ``kangengine`` command: ``demo``, ``info``, ``configs``, ``convert``, ``validate``, ``library build``,
+``export``, ``preview`` and ``merge``.
 
-``kangengine info MODEL [CLIP ...]`` prints, as JSON, what KangEngine reads from an articulation file and from
-motion clips. ``kangengine configs`` lists the shipped retarget configurations and what each maps.
+``kangengine demo [--out DIR]`` runs the whole pipeline on the shipped example data and ends with a GIF to
+open. ``kangengine info MODEL [CLIP ...]`` prints, as JSON, what KangEngine reads from an articulation file
+and from motion clips. ``kangengine configs`` lists the shipped retarget configurations and what each maps.
 ``kangengine convert MODEL INPUT... --config NAME --out DIR`` retargets a dataset (files, folders, globs) onto
 the model, one articulation-motion ``.npz`` per clip mirroring the source tree; ``kangengine validate MODEL
-INPUT... --out DIR`` tracks every clip in the simulator and writes a report per clip. Both are dataset
-batches: a ``manifest.jsonl`` that accumulates across runs, resume after any interruption, ``--workers N``
-processes, ``--shard-index I --shard-count N`` for array jobs and ``kangengine merge DIR`` to combine shards.
+INPUT... --out DIR`` tracks every clip in the simulator and writes a report per clip; ``kangengine library
+build FOLDER --out FILE`` packs a convert folder into one library file; ``kangengine export`` writes a clip as
+BVH, mjlab npz, GMR csv or ProtoMotions; ``kangengine preview`` renders it to a GIF or MP4. Convert and
+validate are dataset batches: a ``manifest.jsonl`` that accumulates across runs, resume after any
+interruption, ``--workers N`` processes, ``--shard-index I --shard-count N`` for array jobs and ``kangengine
+merge DIR`` to combine shards.
 
 Exit status: 0 every clip done, 1 a clip failed (with ``--strict`` also: a clip rejected, or converted with
 warnings), 2 bad arguments (one line on stderr, before any work), 130 interrupted (Ctrl-C; what finished is
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -229,14 +235,63 @@ def _inputs(args, command: str):
     return model, clips
 
 
-def _progress(args, label):
-    if args.quiet:
-        return None
+class _Progress:
+    """Per-clip status on stderr: a tqdm bar on a terminal (the last clip and the counts beside it; failed,
+    warned and rejected clips also as a line above the bar), one ``[done/total] status clip`` line per clip
+    when stderr is not a terminal (a log file, a pipe), nothing with ``--quiet``."""
 
-    def show(done: int, total: int, item) -> None:
-        print(f"[{done}/{total}] {label(item)}", file=sys.stderr, flush=True)
+    def __init__(self, command: str, label, status):
+        self.command, self.label, self.status = command, label, status
+        self.counts: dict[str, int] = {}
+        self.bar = None
+        self.tty = sys.stderr.isatty()
 
-    return show
+    def __call__(self, done: int, total: int, item) -> None:
+        text = self.label(item)
+        state, notable = self.status(item)
+        self.counts[state] = self.counts.get(state, 0) + 1
+        if self.tty and self.bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # an environment installed before tqdm became a dependency: lines instead
+                self.tty = False
+            else:
+                try:
+                    cols = os.get_terminal_size(sys.stderr.fileno()).columns
+                except OSError:
+                    cols = 0
+                size = {"dynamic_ncols": True} if cols > 0 else {"ncols": 100}  # a terminal of unknown width
+                self.bar = tqdm(total=total, desc=self.command, unit="clip", file=sys.stderr, **size)
+        if self.bar is None:
+            print(f"[{done}/{total}] {text}", file=sys.stderr, flush=True)
+            return
+        if notable:
+            self.bar.write(f"[{done}/{total}] {text}", file=sys.stderr)
+        counts = " ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        name = getattr(item, "name", None) or (item.get("name") if isinstance(item, dict) else "")
+        self.bar.set_postfix_str(f"{counts} | {state} {name}", refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _progress(args, command: str, label, status) -> _Progress | None:
+    return None if args.quiet else _Progress(command, label, status)
+
+
+def _convert_status(o) -> tuple[str, bool]:
+    state = {"up_to_date": "up to date"}.get(o.status, o.status)
+    return state, o.status == "failed" or bool(o.warnings)
+
+
+def _validate_status(e: dict) -> tuple[str, bool]:
+    if e["status"] == "failed":
+        return "failed", True
+    verdict = str(e.get("verdict"))
+    return verdict, verdict != "ok" or bool(e.get("warnings"))
 
 
 def _convert_label(o) -> str:
@@ -275,15 +330,20 @@ def _convert(args) -> int:
     options = ConvertOptions(
         config=args.config, free_root=not args.fixed_root, clamp_to_limits=args.clamp, fps=args.fps, order=args.order
     )
-    report = convert_clips(
-        clips,
-        model,
-        options=options,
-        out_dir=args.out,
-        load_options=_load_options(args),
-        progress=_progress(args, _convert_label),
-        **_batch_common(args),
-    )
+    progress = _progress(args, "convert", _convert_label, _convert_status)
+    try:
+        report = convert_clips(
+            clips,
+            model,
+            options=options,
+            out_dir=args.out,
+            load_options=_load_options(args),
+            progress=progress,
+            **_batch_common(args),
+        )
+    finally:
+        if progress is not None:
+            progress.close()
     counts = report.to_dict()["counts"]
     warned = [o for o in report.outcomes if o.warnings]
     summary = {
@@ -358,6 +418,7 @@ def _validation_settings(args):
         "iterations": args.iterations,
     }
     tracking = {**file["tracking"], **{k: v for k, v in flags.items() if v is not None}}
+    tracking.setdefault("threads", args.threads)  # --threads reaches the simulator (a settings file may say)
     where = args.settings or "the command line"
     return (
         _build(TrackingSettings, tracking, where, "tracking"),
@@ -391,17 +452,22 @@ def _validate(args) -> int:
         fps=args.fps,
         batch_size=args.batch_size,
     )
-    report = validate_clips(
-        clips,
-        model,
-        out_dir=args.out,
-        options=options,
-        settings=settings,
-        thresholds=thresholds,
-        load_options=_load_options(args),
-        progress=_progress(args, _validate_label),
-        **_batch_common(args),
-    )
+    progress = _progress(args, "validate", _validate_label, _validate_status)
+    try:
+        report = validate_clips(
+            clips,
+            model,
+            out_dir=args.out,
+            options=options,
+            settings=settings,
+            thresholds=thresholds,
+            load_options=_load_options(args),
+            progress=progress,
+            **_batch_common(args),
+        )
+    finally:
+        if progress is not None:
+            progress.close()
     done = [e for e in report.entries if e["status"] == "done"]
     counts = {v: sum(e["verdict"] == v for e in done) for v in ("ok", "warn", "reject")}
     counts["skipped"] = len(report.failed)
@@ -425,6 +491,77 @@ def _merge(args) -> int:
     return 0
 
 
+# -- library build, export, preview, demo ---------------------------------------------------------------------
+
+
+def _need_file(path, what: str, item: str) -> None:
+    if path is not None and not Path(path).is_file():
+        raise _UsageError(f"no such file; expected {what}", path=path, item=item)
+
+
+def _need_out_folder(path, item: str = "--out") -> None:
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise _UsageError("is a file; expected a folder (created when missing)", path=p, item=item)
+
+
+def _library_build(args) -> int:
+    from .pipelines import library_build
+
+    if not Path(args.folder).is_dir():
+        raise _UsageError("no such folder; expected a `kangengine convert` output folder", path=args.folder)
+    if args.validation is not None and not Path(args.validation).is_dir():
+        raise _UsageError("no such folder; expected a `kangengine validate` output folder", path=args.validation)
+    if args.verdicts is not None:
+        given = [v.strip() for v in args.verdicts.split(",") if v.strip()]
+        bad = [v for v in given if v not in ("ok", "warn", "reject")]
+        if bad or not given:
+            raise _UsageError(f"verdicts {bad or given}; expected some of ok,warn,reject", item="--verdicts")
+    _need_file(args.model, "the model file (MJCF .xml or URDF .urdf)", "--model")
+    if Path(args.out).suffix.lower() != ".safetensors" or Path(args.out).is_dir():
+        raise _UsageError("expected a .safetensors file name", path=args.out, item="--out")
+    return library_build.run(args)
+
+
+def _export(args) -> int:
+    from .pipelines import export
+
+    _need_file(args.motion, "an articulation motion .npz (from `kangengine convert`)", "MOTION")
+    _need_file(args.model, "the model file the motion was made for (MJCF .xml or URDF .urdf)", "MODEL")
+    return export.run(args)
+
+
+def _preview_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise _UsageError(f"{text!r}; expected WIDTHxHEIGHT, e.g. 640x360", item="--size") from None
+    if w < 64 or h < 48:
+        raise _UsageError(f"{text!r}; expected at least 64x48 pixels", item="--size")
+    return w, h
+
+
+def _preview(args) -> int:
+    from .pipelines import preview
+
+    _need_file(args.motion, "an articulation motion .npz (from `kangengine convert`)", "MOTION")
+    _need_file(args.model, "the model file the motion was made for (MJCF .xml or URDF .urdf)", "MODEL")
+    _need_file(args.source, "a motion file (BVH, FBX, AMASS .npz, ...)", "--source")
+    if Path(args.out).suffix.lower() not in (".gif", ".mp4"):
+        raise _UsageError("expected a .gif or .mp4 file name", path=args.out, item="--out")
+    if args.fps is not None and not args.fps > 0:
+        raise _UsageError(f"{args.fps}; expected a frame rate > 0", item="--fps")
+    args.size = _preview_size(args.size) if isinstance(args.size, str) else args.size
+    return preview.run(args)
+
+
+def _demo(args) -> int:
+    from .pipelines import demo
+
+    _need_out_folder(args.out)
+    return demo.run(args)
+
+
 # -- the parser ----------------------------------------------------------------------------------------------
 
 _EXAMPLES = {
@@ -444,6 +581,23 @@ _EXAMPLES = {
   kangengine validate --example --root-assist-hz 1 --out reports
   kangengine validate humanoid_CMU.xml converted/ --out reports --settings tracking.toml --strict
       # tracking.toml: [tracking] root_assist_frequency_hz = 1.0   [thresholds] body_error_ok = 0.06""",
+    "demo": """example:
+  kangengine demo                                # everything on the shipped walk, into ./kangengine_demo
+  kangengine demo --out /tmp/demo --renderer pillow   # no OpenGL: the stick-figure preview""",
+    "library": """example:
+  kangengine library build converted --out walks.safetensors
+  kangengine library build converted --out walks.safetensors --verdicts ok,warn --validation reports""",
+    "library build": """example:
+  kangengine library build converted --out walks.safetensors   # every clip of a convert folder
+  kangengine library build converted --out walks.safetensors --verdicts ok,warn --validation reports
+      # only clips whose report in reports/ (kangengine validate converted --out reports) is ok or warn""",
+    "export": """example:
+  kangengine export converted/walk.npz humanoid_CMU.xml --format bvh --out walk.bvh   # for Blender
+  kangengine export converted/walk.npz g1.xml --format mjlab --out walk_mjlab.npz     # mjlab / BeyondMimic
+  kangengine export converted/walk.npz g1.xml --format gmr_csv --out exported/        # exported/walk.csv""",
+    "preview": """example:
+  kangengine preview converted/walk.npz humanoid_CMU.xml --out walk.gif --source mocap/walk.bvh
+  kangengine preview converted/walk.npz humanoid_CMU.xml --out walk.mp4 --fps 30 --size 960x540""",
     "merge": """example:
   kangengine merge converted                     # after every shard finished: one summary of all shards""",
 }
@@ -496,12 +650,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _subparser(sub, name: str, help_text: str):
+def _subparser(sub, name: str, help_text: str, *, example: str | None = None):
     p = sub.add_parser(
         name,
         help=help_text,
         description=help_text,
-        epilog=_EXAMPLES[name],
+        epilog=_EXAMPLES[example or name],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"kangengine {__version__}")
@@ -510,10 +664,12 @@ def _subparser(sub, name: str, help_text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kangengine`` argument parser (every subcommand, its flags and a worked example in its help)."""
+    from .pipelines import demo, export, library_build, preview
+
     parser = _Parser(
         prog="kangengine",
-        description=__doc__.split("\n\n")[1].replace("``", ""),
-        epilog="first steps: kangengine convert --example --out converted  (then: kangengine COMMAND --help)",
+        description="Human motion capture onto robots, checked in physics, packed and exported.",
+        epilog="first steps: kangengine demo  (then: kangengine COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kangengine {__version__}")
@@ -546,6 +702,22 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--batch-size", type=_positive_int, default=64, help="clips simulated together (default 64)")
     val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     val.set_defaults(func=_validate)
+    lib = _subparser(sub, "library", "pack converted clips into one MotionLibrary file (library build)")
+    lib_sub = lib.add_subparsers(dest="library_command", required=True, metavar="build")
+    build = _subparser(
+        lib_sub, "build", "pack a convert folder into one .safetensors MotionLibrary file", example="library build"
+    )
+    library_build.add_arguments(build)
+    build.set_defaults(func=_library_build)
+    exp = _subparser(sub, "export", "write a converted clip as BVH, mjlab npz, GMR csv or ProtoMotions .motion")
+    export.add_arguments(exp)
+    exp.set_defaults(func=_export)
+    prev = _subparser(sub, "preview", "render a converted clip to a GIF or MP4 (the robot beside the source)")
+    preview.add_arguments(prev)
+    prev.set_defaults(func=_preview)
+    dem = _subparser(sub, "demo", "the whole pipeline on the shipped example data, ending with a GIF to open")
+    demo.add_arguments(dem)
+    dem.set_defaults(func=_demo)
     merge = _subparser(sub, "merge", "combine the manifests of shards into the folder's summary")
     merge.add_argument("out_dir", help="the --out folder the shards wrote into")
     merge.set_defaults(func=_merge)
@@ -554,10 +726,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the ``kangengine`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    # before torch is loaded: idle OpenMP threads sleep instead of spinning (spinning threads made a
+    # simulator step 15x slower on a machine whose other cores are busy; docs/cli.md has the numbers)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .pipelines.batch import BatchInterrupted, OutputFolderError
 
     args = build_parser().parse_args(argv)
-    prog = f"kangengine {args.command}"
+    prog = f"kangengine {args.command}" + (f" {args.library_command}" if args.command == "library" else "")
     try:
         return args.func(args)
     except BatchInterrupted as exc:

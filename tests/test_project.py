@@ -25,7 +25,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     cmds = _readme_commands()
     assert len(cmds) == 2 and all("\n" not in c for c in cmds)
     install_run, install_test = cmds
-    assert "kangengine convert --example" in install_run and "pytest" in install_test
+    assert "kangengine demo" in install_run and "pytest" in install_test
     for c in cmds:
         assert c.index("torch==2.13.0") < c.index("pip install -e")
     ci = (REPO / ".ci" / "run").read_text()

@@ -1,4 +1,5 @@
-"""The workflows users run: load any motion file, convert a dataset onto a robot, validate it in physics.
+"""The workflows users run: load any motion file, convert a dataset onto a robot, validate it in physics,
+pack it into a library, export it, preview it.
 
 This is the one layer that may import every other (``io``, ``datasets``, ``retarget``, ``adapters``,
 ``sim``); only :mod:`kangengine.cli` and user scripts import it.
@@ -10,7 +11,11 @@ This is the one layer that may import every other (``io``, ``datasets``, ``retar
 - :mod:`.validate_files`: :func:`validate_clips` (the validate workflow on files: folders, manifest, resume,
   workers, shards).
 - :mod:`.batch`: what both batches share (:func:`collect_clips`, the manifest, worker processes).
-- :mod:`.plots`: the figures (:func:`write_plot`).
+- :mod:`.plots`: the figures (:func:`validation_figure`, :func:`write_plot`).
+- :mod:`.library_build`: :func:`build_library` (a convert folder -> one MotionLibrary file, verdict filter).
+- :mod:`.export`: :func:`export_motion` (BVH, mjlab / BeyondMimic npz, GMR csv, ProtoMotions ``.motion``).
+- :mod:`.preview`: :func:`render_preview` (GIF / MP4, MuJoCo's renderer headless, Pillow fallback).
+- :mod:`.demo`: :func:`run_demo` (every stage on the shipped example data: ``kangengine demo``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,20 @@ _EXPORTS = {
     "ClipReport": "validate",
     "SkippedClip": "validate",
     "write_plot": "plots",
+    "validation_figure": "plots",
+    "build_library": "library_build",
+    "LibraryBuildResult": "library_build",
+    "LibrarySkip": "library_build",
+    "export_motion": "export",
+    "ExportFormat": "export",
+    "ExportResult": "export",
+    "RobotMotion": "export",
+    "load_robot_motion": "export",
+    "render_preview": "preview",
+    "PreviewRenderer": "preview",
+    "PreviewResult": "preview",
+    "run_demo": "demo",
+    "DemoResult": "demo",
 }
 
 __all__ = list(_EXPORTS)

@@ -49,6 +49,7 @@ import argparse
 import enum
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -376,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = export_motion(args.motion, args.model, args.out, format=args.format, order=args.order)
     except KangEngineError as exc:
-        print(f"kangengine export: {type(exc).__name__}: {exc}")
+        print(f"kangengine export: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"{res.format.value}: {res.path} ({res.frames} frames at {res.fps:g} fps)")
     return 0

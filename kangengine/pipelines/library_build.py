@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,7 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``kangengine library build FOLDER --out FILE [--verdicts ok,warn] [--validation DIR] [--model FILE]``."""
     parser.add_argument("folder", help="a `kangengine convert` output folder")
     parser.add_argument("--out", required=True, help="the library file to write (.safetensors)")
-    parser.add_argument("--verdicts", default=None, help="keep clips with these verdicts, e.g. ok,warn")
+    parser.add_argument("--verdicts", default=None, help="keep clips with these verdicts, e.g. ok,warn (default: all)")
     parser.add_argument("--validation", default=None, help="the `kangengine validate` folder (default: FOLDER)")
     parser.add_argument("--model", default=None, help="the model file (default: from convert_summary.json)")
 
@@ -198,9 +199,10 @@ def run(args: argparse.Namespace) -> int:
             args.folder, args.out, verdict_filter=verdicts, validation_dir=args.validation, model=args.model
         )
     except KangEngineError as exc:
-        print(f"kangengine library build: {type(exc).__name__}: {exc}")
+        print(f"kangengine library build: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"library: {res.path} ({len(res.clip_names)} clips, {res.total_frames} frames, {res.duration_s:.2f} s)")
+    count = f"{len(res.clip_names)} clip{'s' if len(res.clip_names) != 1 else ''}"
+    print(f"library: {res.path} ({count}, {res.total_frames} frames, {res.duration_s:.2f} s)")
     for s in res.skipped:
         print(f"skipped {s.name}: {s.reason}")
     return 0

@@ -4,10 +4,12 @@
 ``mjr_render`` into an offscreen buffer, what ``mujoco.Renderer`` runs) on a headless context: EGL, else
 OSMesa (each tried in a short subprocess first, since a process can load only one OpenGL platform; an
 explicit ``MUJOCO_GL=egl|osmesa`` or ``PYOPENGL_PLATFORM`` is used as it is). The source skeleton, when
-given, is a stick figure of its joint positions drawn with Pillow through the same camera (same view
-direction, distance and field of view, centred on its own root). When no GL backend works, ``renderer="auto"``
-falls back to a Pillow stick figure of the robot's bodies (forward kinematics) and says so in the result,
-in the picture's label and in the GIF's comment; ``renderer="mujoco"`` raises
+given, is a stick figure of its joint positions drawn with Pillow through the same kind of camera (same
+distance, elevation and field of view, centred on its own root, seen from the side of its own direction of
+travel: a retarget configuration may turn the motion, as ``cmu_bvh_to_cmu_humanoid`` does by 90 degrees).
+When no GL backend works, ``renderer="auto"`` falls back to a Pillow stick figure of the robot's bodies
+(forward kinematics) and says so in the result, in the picture's label and in the GIF's comment;
+``renderer="mujoco"`` raises
 :class:`~kangengine.errors.MissingDependencyError` naming what to install (Debian: ``apt-get install -y
 libegl1 libegl-mesa0 libgl1-mesa-dri`` for EGL or ``apt-get install -y libosmesa6`` for OSMesa, plus
 ``pip install PyOpenGL``).
@@ -358,8 +360,8 @@ def render_preview(
         out: ``.gif`` (Pillow) or ``.mp4`` (ffmpeg from ``imageio-ffmpeg`` or the system; else
             :class:`~kangengine.errors.MissingDependencyError`), written atomically.
         source: the source clip, a :class:`~kangengine.animation.SkeletonMotion` or any motion file
-            (:func:`~kangengine.pipelines.load_motion`): drawn as a stick figure in a right-hand panel, same
-            camera, at the same times (metres, Z up).
+            (:func:`~kangengine.pipelines.load_motion`): drawn as a stick figure in a right-hand panel, seen
+            like the robot relative to its own direction of travel, at the same times (metres, Z up).
         fps: output frame rate (default ``min(motion fps, 25)``); the clip's duration is kept.
         size: ``(width, height)`` px of the whole picture, time bar (16 px) included; with ``source`` each panel
             is half the width.
@@ -435,7 +437,7 @@ def render_preview(
         sidx = np.clip(np.rint(times * s.fps).astype(np.int64), 0, s.num_frames - 1)
         gpos = np.asarray(s.global_translation, dtype=np.float64)[sidx]
         src_cam = _camera(gpos[:, 0], gpos, camera.fovy)
-        src_cam = Camera(src_cam.lookat, camera.distance, camera.azimuth, camera.elevation, camera.fovy)
+        src_cam = Camera(src_cam.lookat, camera.distance, src_cam.azimuth, camera.elevation, camera.fovy)
         panels.append(
             _stick_frames(
                 src_cam.project(gpos, panel),
@@ -467,23 +469,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default=None, help="the source clip, drawn beside the robot")
     parser.add_argument("--fps", type=float, default=None, help="output frame rate (default: min(clip fps, 25))")
     parser.add_argument("--size", default="640x360", help="WIDTHxHEIGHT in pixels (default 640x360)")
-    parser.add_argument("--renderer", default="auto", choices=[r.value for r in PreviewRenderer])
+    parser.add_argument(
+        "--renderer",
+        default="auto",
+        choices=[r.value for r in PreviewRenderer],
+        help="auto: MuJoCo on EGL/OSMesa, else a Pillow stick figure (said in the output); mujoco: no fallback",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``kangengine preview``; prints the file and the renderer used. Returns 0, or 1 on an error."""
+    """Run ``kangengine preview``; prints the file and the renderer used. Returns 0, or 1 on an error (one
+    line on stderr). ``args.size`` is ``"WIDTHxHEIGHT"`` or a ``(width, height)`` pair."""
     try:
-        try:
-            size = tuple(int(x) for x in str(args.size).lower().split("x"))
-            if len(size) != 2:
-                raise ValueError
-        except ValueError:
-            raise ShapeError(f"--size {args.size!r}; expected WIDTHxHEIGHT, e.g. 640x360", item="size") from None
+        size = args.size
+        if isinstance(size, str):
+            try:
+                size = tuple(int(x) for x in size.lower().split("x"))
+                if len(size) != 2:
+                    raise ValueError
+            except ValueError:
+                raise ShapeError(f"--size {args.size!r}; expected WIDTHxHEIGHT, e.g. 640x360", item="size") from None
         res = render_preview(
             args.motion, args.model, args.out, source=args.source, fps=args.fps, size=size, renderer=args.renderer
         )
     except KangEngineError as exc:
-        print(f"kangengine preview: {type(exc).__name__}: {exc}")
+        print(f"kangengine preview: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"preview: {res.path} ({res.frames} frames, {res.size[0]}x{res.size[1]}, renderer {res.renderer})")
     if res.note:

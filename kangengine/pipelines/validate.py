@@ -390,7 +390,7 @@ def validate(
                 timings["reports"] += time.perf_counter() - t0
                 if plots:
                     t1 = time.perf_counter()
-                    ppath = write_plot(out / f"{stem}.png", result, j, rep)
+                    ppath = write_plot(out / f"{stem}.png", result, j, rep, thresholds=thresholds)
                     rep = ClipReport(**{**rep.__dict__, "plot_path": str(ppath)})
                     timings["plots"] += time.perf_counter() - t1
             else:
