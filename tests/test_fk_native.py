@@ -222,7 +222,13 @@ def test_policy_and_fallbacks(monkeypatch):
     monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(_fresh_dir(monkeypatch)))
     prog.native.clear()
     prog.not_on_disk.clear()
-    kin.from_coordinates(q)  # small, no kernel in memory or on disk: the numpy replay, nothing built
+    assert K._NATIVE_BUILD_FRAMES == 1  # by default the first CPU call of any size builds the kernel
+    kin.from_coordinates(q[:1])
+    assert isinstance(prog.native[(("qt",), np.dtype(np.float64))], _native.NativeKernel)
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(_fresh_dir(monkeypatch)))
+    prog.native.clear()
+    monkeypatch.setattr(K, "_NATIVE_BUILD_FRAMES", 51)
+    kin.from_coordinates(q)  # below the build size, no kernel in memory or on disk: the numpy replay, nothing built
     assert not prog.native and prog.not_on_disk
     monkeypatch.setattr(K, "_NATIVE_BUILD_FRAMES", 50)  # a call this large builds the kernel
     kin.from_coordinates(q)
@@ -332,6 +338,6 @@ def test_a_new_process_loads_the_cached_kernel(tmp_path):
     )
     env = dict(os.environ, KANGENGINE_CACHE_DIR=str(tmp_path), KANGENGINE_FK_BACKEND="auto")
     run = lambda e: subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, check=True)
-    assert run(env).stdout.split() == ["0", "None"]  # a small call builds nothing
-    assert run(dict(env, KANGENGINE_FK_BACKEND="native")).stdout.split() == ["1", "False"]  # built and stored
-    assert run(env).stdout.split() == ["1", "True"]  # the small call of a new process now uses it
+    assert run(dict(env, KANGENGINE_FK_BACKEND="numpy")).stdout.split() == ["0", "None"]  # the replay builds nothing
+    assert run(env).stdout.split() == ["1", "False"]  # the first call builds the kernel and stores it
+    assert run(env).stdout.split() == ["1", "True"]  # the first call of a new process loads it

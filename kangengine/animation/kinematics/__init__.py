@@ -43,18 +43,19 @@ __all__ = ["BodyKinematics", "compose_tree", "tree_plan_from_rest", "TreePlan", 
 # numpy arrays / CPU torch tensors through their data pointers. Policy (environment variable
 # ``KANGENGINE_FK_BACKEND``):
 #
-# * "auto" (default): the fastest strategy for the call's size and device. On the CPU the native kernel runs
-#   every call of at least ``_NATIVE_MIN_FRAMES`` frames (the measured crossover with the numpy replay, see
-#   docs/guide.md "FK speed") once it is built: kept in memory per program and dtype, and on disk across
-#   processes (:func:`.native.cache_dir`; a new process loads it in milliseconds). A call of at least
-#   ``_NATIVE_BUILD_FRAMES`` frames builds it when neither holds it (1-6 s, once per machine); a smaller call
-#   then runs the numpy replay instead of paying the build (the replay is within 2-17x of the kernel there, and
-#   equal to it to rounding). Torch tensors on CUDA or requiring grad always run the replay (torch ops).
+# * "auto" (default): the fastest strategy for the call's size and device. On the CPU that is the native kernel
+#   at every size (measured by benchmarks/bench_fk.py, docs/library.md "Forward kinematics: strategy by size":
+#   from 40x faster than the numpy replay at 1 frame to 3-6x at 65536 frames; there is no crossover). It is kept
+#   in memory per program and dtype and on disk across processes (:func:`.native.cache_dir`; a new process loads
+#   it in milliseconds); when neither holds it, the first CPU call of at least ``_NATIVE_BUILD_FRAMES`` frames
+#   builds it (1.4-2 s, once per machine and program). With the default of 1 every CPU call of a process runs the
+#   kernel, so a frame's result never depends on which call, batch size or position computed it. Torch tensors on
+#   CUDA or requiring grad always run the replay (torch ops: the only strategy there).
 # * "native": a kernel for every CPU call (built when missing); "numpy": never.
 #
-# Without llvmlite the Python replay runs.
+# Without llvmlite (or when a build fails, with a warning) the Python replay runs.
 _NATIVE_MIN_FRAMES = 1
-_NATIVE_BUILD_FRAMES = 65536
+_NATIVE_BUILD_FRAMES = 1
 _NATIVE_CHUNK = 16384
 _NATIVE_LOCK = threading.Lock()
 _BACKENDS = ("auto", "numpy", "native")

@@ -526,13 +526,22 @@ def _cache_write(path: Path, obj: bytes) -> None:
 
 
 def compile_ir(
-    ir_text: Callable[[], str], key: str, entry: str, *, cache: bool = True, cached_only: bool = False
+    ir_text: Callable[[], str],
+    key: str,
+    entry: str,
+    *,
+    cache: bool = True,
+    cached_only: bool = False,
+    optimize: bool = True,
 ) -> tuple[object, int, bool] | None:
     """Machine code for this CPU of the LLVM IR module ``ir_text()`` (called only when it must be built), through
     the on-disk cache (:func:`cache_dir`, file ``<key>.o``; ``key`` must name everything the code depends on).
 
     Returns ``(engine, address of entry, loaded from the cache)`` (keep ``engine`` alive while the code runs), or
-    ``None`` with ``cached_only=True`` when the cache does not hold ``key``. Raises when llvmlite is missing."""
+    ``None`` with ``cached_only=True`` when the cache does not hold ``key``. ``optimize``: run LLVM's module
+    optimisation pipeline before code generation (the code generator itself always optimises; a traced FK
+    program is straight-line code with its constants folded already, where the pipeline costs 60 % of the build
+    time and gains nothing measurable). Raises when llvmlite is missing."""
     llvm = _binding()
     if llvm is None:
         raise RuntimeError("llvmlite is not available")
@@ -546,7 +555,7 @@ def compile_ir(
         mod = llvm.parse_assembly(text)  # an empty module when the object code comes from the cache
         mod.verify()
         tm = _target_machine(llvm)
-        if obj is None and hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44 (new pass manager)
+        if obj is None and optimize and hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44
             pto = llvm.create_pipeline_tuning_options(speed_level=2)
             pb = llvm.create_pass_builder(tm, pto)
             pb.getModulePassManager().run(mod, pb)
@@ -590,6 +599,7 @@ def compile_program(
         "kernel",
         cache=cache,
         cached_only=cached_only,
+        optimize=False,
     )
     if built is None:
         return None
