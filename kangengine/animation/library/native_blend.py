@@ -298,7 +298,7 @@ def blend_kernel(dtype, width: int, quat_start: int, quats: int, slerp: bool, of
             if _native.available():
                 text = blend_ir(dt, width, quat_start, quats, slerp, offset_cols)
                 engine, address, cached = _native.compile_ir(
-                    lambda: text, _native.host_key("library-blend 1", text), "blend"
+                    lambda: text, _native.host_key("library-blend 2", text), "blend", optimize=False
                 )
                 kern = BlendKernel(engine, address, cached)
             _KERNELS[key] = kern
@@ -457,7 +457,7 @@ def locate_kernel(dtype, loop: bool) -> LocateKernel | None:
             if _native.available():
                 text = locate_ir(dtype, loop)
                 engine, address, _ = _native.compile_ir(
-                    lambda: text, _native.host_key("library-locate 2", text), "locate"
+                    lambda: text, _native.host_key("library-locate 3", text), "locate", optimize=False
                 )
                 kern = LocateKernel(engine, address)
             _KERNELS[key] = kern
