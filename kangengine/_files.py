@@ -693,7 +693,7 @@ def load_npy(path: str | os.PathLike):
 
     Raises:
         FileMissingError, FormatError: no such file, not an ``.npy`` file, a header claiming more data than
-        the file holds, a refused pickle global, truncated data.
+            the file holds, a refused pickle global, truncated data.
     """
     path = _check_file(path)
     size = path.stat().st_size

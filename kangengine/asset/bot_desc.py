@@ -177,8 +177,8 @@ def bot_to_desc(bot: BotPrefab, *, order: str = "DFS") -> ArticulationDesc:
     sibling order kept), so the bot gets a layout, FK, mapping, a motion library and simulation like any model.
 
     Raises:
-        TopologyError: a Free joint below the root. MassPropertiesError: geometry-derived mass properties whose
-        mesh cannot be read or integrated.
+        TopologyError: a Free joint below the root.
+        MassPropertiesError: geometry-derived mass properties whose mesh cannot be read or integrated.
     """
     from ..errors import TopologyError
     from .desc import reorder_bodies

@@ -480,10 +480,12 @@ def load_fbx(
         ``units_corrected`` (``None``, or ``{"reason", "unit", "multiplier", "height_declared_m"}``).
 
     Raises:
-        FileMissingError, MissingDependencyError (pyassimp or libassimp missing), FormatError (assimp
-        cannot read the file, its headers or array counts claim more than the file holds, no animation take,
-        NaN keys or transforms, a take spanning far more frames than it has keys, implausible units that no
-        unit corrects), UnknownNameError (unknown ``take``/``root``).
+        FileMissingError: no such file.
+        MissingDependencyError: pyassimp or libassimp missing.
+        FormatError: assimp cannot read the file, its headers or array counts claim more than the file holds,
+            no animation take, NaN keys or transforms, a take spanning far more frames than it has keys,
+            implausible units that no unit corrects.
+        UnknownNameError: unknown ``take``/``root``.
     """
     p = Path(path)
     if not p.is_file():

@@ -212,7 +212,8 @@ class TrackingSettings:
 @dataclass(frozen=True, eq=False)
 class TrackingReference:
     """The references of ``W`` clips on the simulator's time grid, packed frame-major (``N`` = total
-    number of grid frames of all clips), plus what the reference alone says (no simulation).
+    number of grid frames of all clips), plus what the reference alone says (no simulation). The tensors live
+    on the model's device in its dtype.
 
     Attributes:
         dt: grid step, s.
@@ -228,7 +229,6 @@ class TrackingReference:
         contact_speed: ``[N, Bc]`` m/s, horizontal speed of that point.
         body_pos: ``[N, B, 3]`` m, body origins of the unsmoothed reference (world).
         contact_bodies: ``[Bc]`` int64, bodies with contact points.
-        tensors live on the model's device in its dtype.
     """
 
     dt: float
