@@ -1,20 +1,28 @@
 """Clips per minute through ``kangengine convert`` + ``kangengine validate`` on a folder of real clips, with
-``--workers 1`` and ``--workers 2``, and the scaling ratio (measured in the same run).
+``--workers 1``, ``--workers 2`` and ``--ray local --workers 2``, and the scaling ratios (measured in the same
+run).
 
-The folder holds ``--clips`` crops (default 32) of real CMU BVH files (``../shared/data/bvh/cmu``: 02_01
-walk, 01_01 hops, 131_01 walk, 002_03 run) of ``--seconds`` each, at different offsets, in three
-sub-folders. Each configuration runs the real command (``python -m kangengine``) in a fresh output folder,
-so process start, imports and worker spawn are counted; ``--threads 1`` per process. Wall time and the CPU
+The folder holds ``--clips`` crops (default 32) of real CMU BVH files of ``--seconds`` each, at different
+offsets, in three sub-folders: the two cgspeed files of ``../shared/data/bvh/cmu`` (02_01 walk, 01_01 hops),
+the skeleton ``cmu_bvh_to_cmu_humanoid`` maps (the 3dsMax and iClone conversions there have other joint names
+and would only be counted as failed clips). Every clip must convert and get a report, and the outputs of
+each backend are compared byte for byte with ``--workers 1`` (the benchmark stops otherwise). Each
+configuration runs the real command (``python -m kangengine``) in a fresh output folder, so process start,
+imports and worker spawn are counted; ``--threads 1`` per process. Wall time and the CPU
 time of the command and its children (``resource.RUSAGE_CHILDREN``) are printed side by side: on a machine
 whose cores are shared with other jobs, a ratio below 2 with CPU time near 2x wall time means the cores
-were busy, not that the workers waited.
+were busy, not that the workers waited. The Ray rows include starting and stopping a local Ray instance
+(two CPUs, no dashboard) in each command, as a user running ``--ray local`` pays it; ``uptime``'s load
+average is printed before and after, since other jobs on the machine change every row.
 
-    python benchmarks/bench_pipeline.py [--clips 32] [--seconds 1.0] [--fps 30] [--batch-size 8]
+    python benchmarks/bench_pipeline.py [--clips 32] [--seconds 1.0] [--fps 30] [--batch-size 8] [--no-ray]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import resource
 import subprocess
 import sys
@@ -25,12 +33,7 @@ from pathlib import Path
 from _common import DATA
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = (
-    "02_01_cgspeed_walk.bvh",
-    "01_01_cgspeed_hops_long.bvh",
-    "131_01_3dsmax_walk_mixedorder.bvh",
-    "002_03_iclone_cc_run.bvh",
-)
+SOURCES = ("02_01_cgspeed_walk.bvh", "01_01_cgspeed_hops_long.bvh")
 
 
 def _crop(src: Path, dst: Path, seconds: float, index: int) -> None:
@@ -55,12 +58,30 @@ def _timed(args: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def _identical(a: Path, b: Path, pattern: str) -> bool:
+    files = sorted(p.relative_to(a) for p in a.rglob(pattern))
+    return bool(files) and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def _check_complete(conv: Path, val: Path, clips: int) -> None:
+    """Every clip converted and reported: a rate over failed clips would measure nothing."""
+    npz, reports = list(conv.rglob("*.npz")), [p for p in val.rglob("*.json")]
+    if len(npz) != clips or len(reports) != clips:
+        raise SystemExit(f"{conv}: {len(npz)} converted and {len(reports)} reports for {clips} clips; expected all")
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clips", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=1.0, help="length of each crop")
     parser.add_argument("--fps", type=float, default=30.0, help="convert resamples to this rate")
     parser.add_argument("--batch-size", type=int, default=8, help="validate: clips simulated together")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray local rows")
     args = parser.parse_args()
     model = str(REPO / "kangengine" / "data" / "humanoid_CMU.xml")
     work = Path(tempfile.mkdtemp(prefix="kangengine_bench_pipeline_"))
@@ -69,11 +90,19 @@ def main() -> None:
         name = SOURCES[i % len(SOURCES)]
         _crop(DATA / "bvh" / "cmu" / name, src / f"part{i % 3}" / f"{Path(name).stem}_{i:03d}.bvh", args.seconds, i)
     print(f"{args.clips} clips of {args.seconds:g} s (real CMU BVH crops) in {src}")
-    print("workers | stage    | wall s | cpu s (all processes) | clips/min (wall)")
+    print(f"before: {_load()}")
+    runs = {"workers 1": ["--workers", "1"], "workers 2": ["--workers", "2"]}
+    if not args.no_ray:
+        if importlib.util.find_spec("ray") is not None:
+            runs["ray local 2"] = ["--ray", "local", "--workers", "2"]
+        else:
+            print("ray is not installed: the Ray rows are skipped (pip install 'kangengine[ray]')")
+    print("backend     | stage    | wall s | cpu s (all processes) | clips/min (wall)")
     rates = {}
-    for workers in (1, 2):
-        conv, val = work / f"conv{workers}", work / f"val{workers}"
-        common = ["--workers", str(workers), "--threads", "1"]
+    for label, flags in runs.items():
+        key = label.replace(" ", "_")
+        conv, val = work / f"conv_{key}", work / f"val_{key}"
+        common = [*flags, "--threads", "1"]
         cw, cc = _timed(
             ["convert", model, str(src), "--config", "cmu_bvh_to_cmu_humanoid", "--fps", str(args.fps)]
             + ["--out", str(conv), *common]
@@ -82,15 +111,21 @@ def main() -> None:
             ["validate", model, str(conv), "--out", str(val), "--no-plots"]
             + ["--batch-size", str(args.batch_size), *common]
         )
+        _check_complete(conv, val, args.clips)
         for stage, w, c in (("convert", cw, cc), ("validate", vw, vc), ("both", cw + vw, cc + vc)):
-            print(f"{workers:7d} | {stage:8s} | {w:6.1f} | {c:21.1f} | {60 * args.clips / w:8.1f}")
-        rates[workers] = 60 * args.clips / (cw + vw)
-        identical = all(
-            (work / "val1" / p.relative_to(val)).read_bytes() == p.read_bytes() for p in val.rglob("*.json")
-        )
-        if workers > 1:
-            print(f"reports of --workers {workers} byte-identical to --workers 1: {identical}")
-    print(f"scaling, convert + validate, --workers 2 / --workers 1: {rates[2] / rates[1]:.2f}x")
+            print(f"{label:11s} | {stage:8s} | {w:6.1f} | {c:21.1f} | {60 * args.clips / w:8.1f}")
+        rates[label] = 60 * args.clips / (cw + vw)
+        if label != "workers 1":
+            same = _identical(work / "conv_workers_1", conv, "*.npz") and _identical(
+                work / "val_workers_1", val, "*.json"
+            )
+            print(f"{label}: converted clips and reports byte-identical to --workers 1: {same}")
+            if not same:
+                raise SystemExit(f"{label}: outputs differ from --workers 1 (in {work})")
+    for label in rates:
+        if label != "workers 1":
+            print(f"scaling, convert + validate, {label} / workers 1: {rates[label] / rates['workers 1']:.2f}x")
+    print(f"after: {_load()}")
 
 
 if __name__ == "__main__":
