@@ -12,7 +12,9 @@ imports and worker spawn are counted; ``--threads 1`` per process. Wall time and
 time of the command and its children (``resource.RUSAGE_CHILDREN``) are printed side by side: on a machine
 whose cores are shared with other jobs, a ratio below 2 with CPU time near 2x wall time means the cores
 were busy, not that the workers waited. The Ray rows include starting and stopping a local Ray instance
-(two CPUs, no dashboard) in each command, as a user running ``--ray local`` pays it; ``uptime``'s load
+(two CPUs, no dashboard) in each command, as a user running ``--ray local`` pays it; their CPU column
+misses the Ray worker processes (started by Ray's raylet, not waited for by the command), so compare wall
+times there; ``uptime``'s load
 average is printed before and after, since other jobs on the machine change every row.
 
     python benchmarks/bench_pipeline.py [--clips 32] [--seconds 1.0] [--fps 30] [--batch-size 8] [--no-ray]
