@@ -1090,3 +1090,18 @@ def test_a_sample_does_not_depend_on_its_batch(amp):
             assert torch.equal(s.rows[pos], one.rows[0]) and torch.equal(
                 lb.sample_kinematics(s).rows[pos], one_k.rows[0]
             )
+
+
+@needs_llvmlite
+def test_unchecked_bad_queries_stay_inside_the_tables(lib):
+    """With ``check=False`` nothing is validated, but the compiled pass never reads outside the packed tables: an id
+    out of range reads clip 0, a NaN time its last frame, a negative time (clamped) its first."""
+    ids = torch.tensor([99, -1, 0, 1])
+    t = torch.tensor([0.1, 0.1, float("nan"), -5.0], dtype=torch.float64)
+    for loop in (True, False):
+        s = lib.sample(ids, t, loop=loop, check=False)
+        k = lib.sample_kinematics(s)
+        start, count = lib.clip_frame_start, lib.clip_frame_count
+        assert ((s.frame0 >= 0) & (s.frame1 < lib.total_frames)).all() and k.rows.shape == (4, 13 * lib.num_bodies)
+    assert int(s.frame0[0]) == int(s.frame0[1]) == int(lib.sample([0], [0.1], loop=False).frame0[0])
+    assert int(s.frame0[2]) == int(start[0] + count[0] - 1) and int(s.frame0[3]) == int(start[1])

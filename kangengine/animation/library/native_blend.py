@@ -309,12 +309,14 @@ def blend_kernel(dtype, width: int, quat_start: int, quats: int, slerp: bool, of
 
 
 def locate_ir(dtype, loop: bool) -> str:
-    """LLVM IR of ``void locate(ids, id_stride, times, time_stride, clips, frames, blend, offsets, n)``: per query
-    the clip row ``clips[ids[i]]`` (``[C, 8] float64``, columns of :func:`~.columns.clip_table`), the looped or
-    clamped local time, the packed frame pair (``frames[i]``, ``frames[n + i]``, int64), the blend weight
+    """LLVM IR of ``void locate(ids, id_stride, times, time_stride, clips, frames, blend, offsets, clips_count, n)``:
+    per query the clip row ``clips[ids[i]]`` (``[C, 8] float64``, columns of :func:`~.columns.clip_table`), the
+    looped or clamped local time, the packed frame pair (``frames[i]``, ``frames[n + i]``, int64), the blend weight
     (``blend[i]``, ``dtype``) and, with ``loop``, the loop offset ``offsets[i, :]`` (``dtype``). The float64
     operations are :meth:`~.sampling.SamplingMixin.sample`'s torch ones, in the same order (``torch.div``'s
-    floor rounding included), so both strategies give the same frames, weights and offsets."""
+    floor rounding included), so both strategies give the same frames, weights and offsets. Unchecked bad input
+    (``check=False``) cannot make it or the blend read outside the tables: an id outside ``[0, clips_count)``
+    reads clip 0, a NaN time the clip's last frame, a negative clamped time its first."""
     e = _Emitter(np.dtype(dtype))
     T = e.T
     L = [
@@ -326,7 +328,7 @@ def locate_ir(dtype, loop: bool) -> str:
         "",
         "define void @locate(ptr noalias nocapture readonly %ids, i64 %ids_stride, ptr noalias nocapture readonly "
         "%times, i64 %times_stride, ptr noalias nocapture readonly %clips, ptr noalias nocapture %frames, "
-        "ptr noalias nocapture %blend, ptr noalias nocapture %offsets, i64 %n) nounwind {",
+        "ptr noalias nocapture %blend, ptr noalias nocapture %offsets, i64 %nclips, i64 %n) nounwind {",
         "entry:",
         "  %any = icmp sgt i64 %n, 0",
         "  br i1 %any, label %row, label %exit",
@@ -334,7 +336,10 @@ def locate_ir(dtype, loop: bool) -> str:
         "  %i = phi i64 [0, %entry], [%inext, %tail]",
         "  %idk = mul i64 %i, %ids_stride",
         "  %idp = getelementptr inbounds i64, ptr %ids, i64 %idk",
-        "  %id = load i64, ptr %idp, align 8",
+        "  %id0 = load i64, ptr %idp, align 8",
+        # memory safety with check=False: an id outside [0, clips) reads clip 0 instead of memory past the table
+        "  %idbad = icmp uge i64 %id0, %nclips",
+        "  %id = select i1 %idbad, i64 0, i64 %id0",
         "  %tk = mul i64 %i, %times_stride",
         "  %tp = getelementptr inbounds double, ptr %times, i64 %tk",
         "  %t = load double, ptr %tp, align 8",
@@ -376,7 +381,9 @@ def locate_ir(dtype, loop: bool) -> str:
         "  %pos = fmul double %local, %fps",
         "  %pf = call double @llvm.floor.f64(double %pos)",
         "  %flt = fcmp olt double %pf, %last",
-        "  %f0 = select i1 %flt, double %pf, double %last",
+        "  %f0c = select i1 %flt, double %pf, double %last",  # NaN: the last frame
+        "  %fneg = fcmp olt double %f0c, 0.0",  # a negative time unchecked (check=False): the first frame
+        "  %f0 = select i1 %fneg, double 0.0, double %f0c",
         "  %bl0 = fsub double %pos, %f0",
         "  %bl1 = call double @llvm.maxnum.f64(double %bl0, double 0.0)",
         "  %bl = call double @llvm.minnum.f64(double %bl1, double 1.0)",
@@ -423,12 +430,12 @@ class LocateKernel:
     """A compiled :func:`locate_ir`: ``kernel(ids, times, clips, frames, blend, offsets)`` on CPU tensors
     (``ids [n] int64`` and ``times [n] float64`` with any stride, 0 included; ``clips [C, 8] float64``
     contiguous; outputs ``frames [2 n] int64``, ``blend [n]`` and ``offsets [n, 3]`` contiguous, written; with a
-    clamping kernel ``offsets`` is not touched). Ids must be in range (not checked here)."""
+    clamping kernel ``offsets`` is not touched). Ids out of range read clip 0 (memory safety, not a check)."""
 
     def __init__(self, engine, address: int):
         self._engine = engine
         p, i = ctypes.c_void_p, ctypes.c_int64
-        self._fn = ctypes.CFUNCTYPE(None, p, i, p, i, p, p, p, p, i)(address)
+        self._fn = ctypes.CFUNCTYPE(None, p, i, p, i, p, p, p, p, i, i)(address)
 
     def __call__(self, ids, times, clips, frames, blend, offsets) -> None:
         n = int(ids.shape[0])
@@ -441,6 +448,7 @@ class LocateKernel:
             frames.data_ptr(),
             blend.data_ptr(),
             offsets.data_ptr(),
+            int(clips.shape[0]),
             n,
         )
 
@@ -457,7 +465,7 @@ def locate_kernel(dtype, loop: bool) -> LocateKernel | None:
             if _native.available():
                 text = locate_ir(dtype, loop)
                 engine, address, _ = _native.compile_ir(
-                    lambda: text, _native.host_key("library-locate 3", text), "locate", optimize=False
+                    lambda: text, _native.host_key("library-locate 4", text), "locate", optimize=False
                 )
                 kern = LocateKernel(engine, address)
             _KERNELS[key] = kern
