@@ -275,7 +275,8 @@ class SamplingMixin:
                 keeps walking); ``False``: time clamps to ``[0, duration]``.
             check: ``None`` (default) checks host inputs (ids exist, times finite and >= 0) and skips device
                 tensors (checking them would synchronise); ``True`` always checks; ``False`` never (hot path;
-                out-of-range ids then read garbage or fail inside torch).
+                bad queries then give wrong poses: on the CPU an out-of-range id reads clip 0, elsewhere
+                garbage or an error inside torch).
             out: a previous :class:`MotionSample` with the same ``n`` (and local translations): its row
                 buffer is overwritten in place (no allocation for the pose fields; samples that shared it
                 change too). ``None``: a new buffer.
