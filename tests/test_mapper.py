@@ -781,3 +781,84 @@ def test_a_narrow_hinge_never_winds_and_the_summary_says_what_left_its_limits():
         assert meta["limit_violation_max"] > 0.5 and knee.joint_name in meta["limit_violation_dofs"]
         if not clamp:
             assert np.abs(res.motion.qd[:, knee.qd_offset]).max() < 2 * np.pi * fps / n * 4  # no 2 pi / dt spike
+
+
+@pytest.mark.parametrize("rel", ["mjcf/protomotions/smpl_humanoid.xml", "mjcf/dm_control/model_with_ball_joints.xml"])
+def test_velocities_are_central_differences_and_scipy_rotation_logs(rel):
+    """qd written block by block in place: hinges are plain central differences, quaternions (free root, balls)
+    the rotation vector of ``q[t+1] q[t-1]^-1`` (scipy) over 2 dt, one-sided at the ends."""
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_file(rel)))
+    mapper = ArticulationMotionMapper(layout)
+    rng = np.random.default_rng(5)
+    n, fps = 257, 50.0
+    t = np.arange(n) / fps
+    q = np.tile(layout.neutral(), (n, 1))
+    for b in layout.blocks:
+        o = b.q_offset
+        if b.joint_type in (JointType.HINGE, JointType.SLIDE):
+            q[:, o] = 0.3 * np.sin(rng.uniform(0.5, 2.0) * t + rng.uniform(0, 6))
+        elif b.joint_type is JointType.FREE:
+            q[:, o : o + 3] = rng.normal(size=3) + np.outer(t, rng.normal(size=3))
+            q[:, o + 3 : o + 7] = Rotation.from_rotvec(np.outer(t, rng.normal(size=3))).as_quat()[:, [3, 0, 1, 2]]
+        elif b.joint_type is JointType.BALL:
+            q[:, o : o + 4] = Rotation.from_rotvec(np.outer(t, rng.normal(size=3))).as_quat()[:, [3, 0, 1, 2]]
+    qd = mapper.velocities(q, fps)
+    dt = 1.0 / fps
+    for b in layout.blocks:
+        o, v = b.q_offset, b.qd_offset
+        if b.joint_type in (JointType.HINGE, JointType.SLIDE, JointType.FREE):
+            k = 3 if b.joint_type is JointType.FREE else 1
+            want = np.empty((n, k))
+            want[1:-1] = (q[2:, o : o + k] - q[:-2, o : o + k]) / (2 * dt)
+            want[0], want[-1] = (q[1, o : o + k] - q[0, o : o + k]) / dt, (q[-1, o : o + k] - q[-2, o : o + k]) / dt
+            np.testing.assert_allclose(qd[:, v : v + k], want, rtol=1e-12, atol=1e-12)
+        if b.joint_type in (JointType.FREE, JointType.BALL):
+            a, w = (o + 3, v + 3) if b.joint_type is JointType.FREE else (o, v)
+            rot = Rotation.from_quat(q[:, a : a + 4][:, [1, 2, 3, 0]])
+            want = np.empty((n, 3))
+            want[1:-1] = (rot[2:] * rot[:-2].inv()).as_rotvec() / (2 * dt)
+            want[0], want[-1] = (rot[1] * rot[0].inv()).as_rotvec() / dt, (rot[-1] * rot[-2].inv()).as_rotvec() / dt
+            np.testing.assert_allclose(qd[:, w : w + 3], want, rtol=1e-9, atol=1e-9)
+    assert mapper.velocities(q[:1], fps).shape == (1, layout.nv) and not mapper.velocities(q[:1], fps).any()
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+def test_limit_summary_equals_a_brute_force_count(clamp):
+    """The block-wise limit summary (only blocks that leave the limits are measured) against a column-by-column
+    count over the whole clip, on a G1 clip pushed past its limits."""
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_file("mjcf/unitree/g1_29dof.nomesh.xml")))
+    mapper = ArticulationMotionMapper(layout)
+    n = 9000  # a few summary blocks, the last one partial
+    t = np.arange(n) / 60.0
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 3:7] = [1.0, 0.0, 0.0, 0.0]
+    hinges = [b for b in layout.blocks if b.joint_type is JointType.HINGE]
+    for i, b in enumerate(hinges):
+        lo, hi = b.limits
+        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+        amp = 1.2 if i % 3 == 0 else 0.8  # a third of the hinges leave their limits part of the time
+        q[:, b.q_offset] = mid + amp * half * np.sin(0.7 * t + i)
+    st = mapper.to_skeleton_state(q)
+    motion = SkeletonMotion(mapper.skeleton_tree, st.root_translation, st.local_rotation, 60.0)
+    res = mapper.to_articulation_motion(motion, clamp_to_limits=clamp)
+    summary = res.motion.metadata["mapper"]
+    got = summary["limit_violation_dofs"]
+    # brute force on the unclamped angles (float64 mapping of the same motion)
+    free = mapper.to_articulation_motion(motion, clamp_to_limits=False).motion.q.astype(np.float64)
+    want = {}
+    for b in hinges:
+        col = free[:, b.q_offset]
+        over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
+        if over.max() > 1e-6:
+            want[b.joint_name] = (over.max(), (over > 1e-6).mean())
+    worst = sorted(want, key=lambda k: -want[k][0])[:10]
+    assert len(want) >= 5 and set(got) == set(worst)
+    for name in worst:
+        assert got[name]["max"] == pytest.approx(want[name][0], abs=2e-6)
+        assert got[name]["fraction"] == pytest.approx(want[name][1], abs=2e-3)
+    assert summary["limit_violation_max"] == pytest.approx(max(v[0] for v in want.values()), abs=2e-6)
+    if clamp:
+        assert summary["clamped_max"] == pytest.approx(float(np.abs(res.clamped).max()))
+        assert summary["clamped_max"] > 0
+    else:
+        assert summary["clamped_max"] == 0.0 and not res.clamped.any()

@@ -64,6 +64,7 @@ _GIMBAL_SIN = 1e-2  # below this sin(alpha), the third Davenport angle comes fro
 _REFINE_TOL = 1e-7  # rad: Gauss-Newton refines frames whose closed-form residual exceeds this
 _CHAIN_REG = 1e-10  # redundant chains: weight of |theta|^2 (picks the smallest of equivalent angles)
 _CHUNK = 4096  # frames per block in the per-frame stage (keeps temporaries in cache)
+_SUMMARY_CHUNK = 4096  # frames per block of the limit-violation summary
 
 
 class SkeletonOffsetWarning(UserWarning):
@@ -514,6 +515,29 @@ def _solve_chain(J: np.ndarray, axes: np.ndarray) -> list[tuple[np.ndarray, np.n
     return out
 
 
+def _tangent_runs(layout: ArticulationCoordinateLayout):
+    """``(runs, rotations)`` as :meth:`ArticulationCoordinateLayout.difference` walks the blocks: contiguous
+    ``(q offset, qd offset, length)`` runs of scalars (hinges, slides, free translations) and the
+    ``(q offset, qd offset)`` of each quaternion (free rotation, balls)."""
+    runs: list[list[int]] = []
+    rots: list[tuple[int, int]] = []
+    for b in layout.blocks:
+        if b.joint_type in (JointType.HINGE, JointType.SLIDE):
+            r = [b.q_offset, b.qd_offset, 1]
+        elif b.joint_type is JointType.FREE:
+            r = [b.q_offset, b.qd_offset, 3]
+            rots.append((b.q_offset + 3, b.qd_offset + 3))
+        else:
+            if b.joint_type is JointType.BALL:
+                rots.append((b.q_offset, b.qd_offset))
+            continue
+        if runs and runs[-1][0] + runs[-1][2] == r[0] and runs[-1][1] + runs[-1][2] == r[1]:
+            runs[-1][2] += r[2]
+        else:
+            runs.append(r)
+    return tuple(tuple(r) for r in runs), tuple(rots)
+
+
 def _body_plan(layout: ArticulationCoordinateLayout, b: int):
     """(kind, hinge blocks to solve, ball block or None, blocks held at ref)."""
     blocks = [x for x in layout.blocks_of_body(b) if x.joint_type is not JointType.FIXED]
@@ -634,6 +658,9 @@ class ArticulationMotionMapper:
         self._group_narrow = {id(g): bool(self._hinge_narrow[g.hinge_cols].any()) for g in self._groups}
         # scalar DOFs that clamping may move: hinges (solved) and held joints (slides/hinges at ref)
         self._slides = [x for x in lay.blocks if x.joint_type is JointType.SLIDE]
+        self._tangent_runs = _tangent_runs(lay)
+        runs, rots = self._tangent_runs
+        self._tangent_covers = sum(k for _, _, k in runs) + 3 * len(rots) == lay.nv
 
     # -- input checks ----------------------------------------------------------------------------------
     def _check_tree(self, tree: SkeletonTree, what: str):
@@ -725,17 +752,35 @@ class ArticulationMotionMapper:
         reference leaves the joint limits (before clamping), how much clamping moved, and the hinges whose
         frames were brought back from a wound angle (:meth:`_rewrap_narrow`)."""
         lay = self.layout
-        lo, hi = lay.dof_lower, lay.dof_upper
         scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
         viol = {}
-        for b in scalar:
-            col = q[:, b.q_offset].astype(np.float64) - clamped[:, b.qd_offset]  # the value before clamping
-            over = np.maximum(lo[b.qd_offset] - col, 0.0) + np.maximum(col - hi[b.qd_offset], 0.0)
-            if over.size and float(over.max()) > 1e-6:
-                viol[lay.dof_names[b.qd_offset]] = {
-                    "max": float(over.max()),
-                    "fraction": float((over > 1e-6).mean()),
-                }
+        n = q.shape[0]
+        if scalar and n:
+            qcols = np.array([b.q_offset for b in scalar])
+            vcols = np.array([b.qd_offset for b in scalar])
+            lo, hi = np.asarray(lay.dof_lower)[vcols], np.asarray(lay.dof_upper)[vcols]
+            worst_over = np.zeros(len(scalar))
+            count = np.zeros(len(scalar), dtype=np.int64)
+            contiguous = bool(np.array_equal(qcols, np.arange(qcols[0], qcols[0] + len(qcols))))
+            pick = slice(int(qcols[0]), int(qcols[0]) + len(qcols)) if contiguous else qcols
+            for s in range(0, n, _SUMMARY_CHUNK):  # frame blocks: one pass, temporaries in cache
+                block = q[s : s + _SUMMARY_CHUNK, pick]
+                if clamp_to_limits:
+                    block = block.astype(np.float64) - clamped[s : s + _SUMMARY_CHUNK, vcols]  # before clamping
+                    out = np.arange(len(scalar))
+                else:  # only columns whose block leaves the limits can violate them (exact comparisons)
+                    mn, mx = block.min(axis=0).astype(np.float64), block.max(axis=0).astype(np.float64)
+                    out = np.flatnonzero((mn < lo) | (mx > hi))
+                    if out.size == 0:
+                        continue
+                col = block[:, out].astype(np.float64)
+                over = np.maximum(lo[out] - col, 0.0)
+                over += np.maximum(col - hi[out], 0.0)
+                worst_over[out] = np.maximum(worst_over[out], over.max(axis=0))
+                count[out] += np.count_nonzero(over > 1e-6, axis=0)
+            for i, b in enumerate(scalar):
+                if float(worst_over[i]) > 1e-6:
+                    viol[lay.dof_names[b.qd_offset]] = {"max": float(worst_over[i]), "fraction": float(count[i] / n)}
         worst = sorted(viol.items(), key=lambda kv: -kv[1]["max"])[:10]
         names = [lay.dof_names[int(v)] for v in self._hinge_v] if len(self._hinge_v) else []
         return {
@@ -743,7 +788,8 @@ class ArticulationMotionMapper:
             "max_residual_angle": float(residual.max()) if residual.size else 0.0,
             "limit_violation_max": max((v["max"] for v in viol.values()), default=0.0),
             "limit_violation_dofs": dict(worst),
-            "clamped_max": float(np.abs(clamped).max()) if clamped.size else 0.0,
+            # zeros unless clamping (never read then: a zero array's pages stay unallocated); no |.| temporary
+            "clamped_max": float(max(clamped.max(), -clamped.min())) if clamp_to_limits and clamped.size else 0.0,
             "rewrapped_frames": {names[i]: int(n) for i, n in enumerate(rewrapped) if n},
         }
 
@@ -844,11 +890,22 @@ class ArticulationMotionMapper:
         lay = self.layout
         q = np.asarray(q)
         n = q.shape[0]
-        qd = np.zeros((n, lay.nv), dtype=q.dtype)
         if n < 2:
-            return qd
+            return np.zeros((n, lay.nv), dtype=q.dtype)
         dt = 1.0 / float(fps)
-        qd[1:-1] = lay.difference(q[2:], q[:-2], 2.0 * dt)
+        runs, rots = self._tangent_runs
+        qd = np.empty((n, lay.nv), dtype=q.dtype) if self._tangent_covers else np.zeros((n, lay.nv), dtype=q.dtype)
+        # inside: layout.difference(q[2:], q[:-2], 2 dt) block by block, written in place (no [frames, nv]
+        # temporaries); the same operations, so the same values
+        for a, v0, k in runs:
+            inner = qd[1:-1, v0 : v0 + k]
+            np.subtract(q[2:, a : a + k], q[:-2, a : a + k], out=inner)
+            np.divide(inner, 2.0 * dt, out=inner)
+        for a, v0 in rots:
+            rel = R.quat_multiply(
+                R.quat_normalize(q[2:, a : a + 4]), R.quat_conjugate(R.quat_normalize(q[:-2, a : a + 4]))
+            )
+            qd[1:-1, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
         return qd
