@@ -20,6 +20,7 @@ Steps (all vectorised over frames):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,9 +32,19 @@ from ..errors import FormatError, ShapeError
 from .contact import ContactPhases, contact_phases, detect_contact, held_sole_targets
 from .robot_config import RobotRetargetConfig, load_robot_config, load_robot_model, resolve_source_name
 from .robot_metrics import robot_retarget_metrics
-from .solver import IKTasks, robot_dof_tables, solve_clip
+from .self_collision import (
+    CollisionCapsules,
+    capsule_gaps,
+    robot_capsules,
+    self_collision_pairs,
+    source_intersections,
+)
+from .solver import ClipFrames, IKTasks, robot_dof_tables, solve_clip
 
-__all__ = ["RobotRetargetResult", "retarget_to_robot"]
+__all__ = ["RobotRetargetResult", "retarget_to_robot", "SELF_COLLISION_TOLERANCE_M"]
+
+#: two capsule proxies intersecting deeper than this (m) make a self-collision frame in the metrics
+SELF_COLLISION_TOLERANCE_M = 1e-3
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,8 @@ class _Targets:
     phases: tuple[ContactPhases, ...]
     source_feet: np.ndarray  # [N, feet, 3] scaled source heel positions (for the source's own slide)
     scale: float
+    source_joints: np.ndarray  # [N, J, 3] the source joints scaled about the root (its own intersections)
+    source_bones: np.ndarray  # [K] source joints of the correspondences (their bones from the parent)
 
 
 def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Targets:
@@ -263,6 +276,8 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         phases=tuple(phases),
         source_feet=np.stack(src_feet, 1) if nf else np.zeros((n, 0, 3)),
         scale=scale,
+        source_joints=root_t[:, None] + scale * (src.pos - root_src[:, None]),
+        source_bones=np.array(ks, dtype=np.int64),
     )
 
 
@@ -316,19 +331,104 @@ def collision_points(desc, layout, cfg: RobotRetargetConfig) -> tuple[np.ndarray
     return body_a[first], off_a[first], rad_a[first]
 
 
+@dataclass(frozen=True)
+class _Clip:
+    """One clip's prepared source, targets and warm start (numpy)."""
+
+    motion: SkeletonMotion
+    src: _Source
+    tg: _Targets
+    q0: np.ndarray  # [N, nq]
+
+
+def _prepare_clip(motion, cfg, layout, path) -> _Clip:
+    src = _prepare_source(motion, cfg, path)
+    tg = _build_targets(cfg, layout, src, path)
+    # warm start: root on the source's root target, turned to the source heading; joints neutral
+    q_neutral = layout.neutral()
+    q0 = np.broadcast_to(q_neutral, (src.pos.shape[0], layout.nq)).copy()
+    root = layout.blocks[0]
+    pelvis_tasks = np.flatnonzero(tg.key_body == root.body_index)
+    if pelvis_tasks.size:
+        q0[:, root.q_offset : root.q_offset + 3] = tg.key_target[:, pelvis_tasks[0]]
+    q0[:, root.q_offset + 3 : root.q_offset + 7] = R.quat_multiply(
+        _yaw_quat(src.heading), layout.rest_rotations_wxyz[root.body_index][None]
+    )
+    return _Clip(motion, src, tg, q0)
+
+
+@dataclass(frozen=True)
+class _SelfCollision:
+    """The robot's capsule proxies and the pairs checked (see :mod:`.self_collision`)."""
+
+    caps: CollisionCapsules
+    pairs: np.ndarray  # [C, 2] capsule indices
+    clearance: np.ndarray  # [C] m, the gap each pair keeps (negative: overlapping proxies at rest)
+
+
+def _self_collision(desc, layout, mpath, cfg) -> _SelfCollision:
+    caps = robot_capsules(desc, layout, mpath)
+    pairs, clearance = self_collision_pairs(desc, layout, caps, margin=float(cfg.solver.self_collision_margin))
+    return _SelfCollision(caps, pairs, clearance)
+
+
+def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t) -> IKTasks:
+    """The :class:`IKTasks` of clips solved together (frames concatenated clip by clip)."""
+    import torch
+
+    gb, go, gr = ground
+    tg0 = clips[0].tg
+
+    def cat(name):
+        return np.concatenate([getattr(c.tg, name) for c in clips], 0)
+
+    pair = {}
+    if cfg.solver.self_collision_weight > 0 and sc.pairs.size:
+        pair = dict(
+            capsule_body=t(sc.caps.body, torch.int64),
+            capsule_segment=t(sc.caps.segment),
+            capsule_radius=t(sc.caps.radius),
+            pair=t(sc.pairs, torch.int64),
+            pair_clearance=t(sc.clearance),
+            pair_weight=float(cfg.solver.self_collision_weight),
+        )
+    return IKTasks(
+        point_body=t(np.concatenate([tg0.key_body, tg0.sole_body]), torch.int64),
+        point_offset=t(np.concatenate([tg0.key_offset, tg0.sole_offset])),
+        point_target=t(np.concatenate([cat("key_target"), cat("sole_target")], 1)),
+        point_weight=t(np.concatenate([_axis_weights(c.tg) for c in clips], 0)),
+        orient_body=t(tg0.orient_body, torch.int64),
+        orient_target_wxyz=t(cat("orient_target")),
+        orient_weight=t(cat("orient_weight")),
+        ground_body=t(gb, torch.int64),
+        ground_offset=t(go),
+        ground_radius=t(gr),
+        ground_height=float(cfg.ground_height),
+        ground_weight=float(cfg.solver.ground_weight),
+        posture_weight=float(cfg.solver.posture_weight),
+        q_neutral=t(layout.neutral()),
+        **pair,
+    )
+
+
 def retarget_to_robot(
-    motion: SkeletonMotion,
+    motion: SkeletonMotion | Sequence[SkeletonMotion],
     config: RobotRetargetConfig | str,
     *,
     model=None,
     device="cpu",
     dtype: str = "float32",
     max_correction_m: float = 0.05,
-) -> RobotRetargetResult:
-    """Put a human motion on a robot (see the module docstring for the steps).
+) -> RobotRetargetResult | list[RobotRetargetResult]:
+    """Put a human motion (or several clips at once) on a robot (see the module docstring for the steps).
+
+    Several clips are solved in one batch: their frames are concatenated clip by clip and every step of the
+    solver runs on all of them at once (coarse pass, smoothing and the warm start stay within each clip); clips
+    of different fps are solved in one batch per fps. The same code runs on ``device="cuda"``.
 
     Args:
-        motion: the source :class:`~kangengine.animation.SkeletonMotion` (m, Z up; e.g. ``ke.io.load_bvh``).
+        motion: the source :class:`~kangengine.animation.SkeletonMotion` (m, Z up; e.g. ``ke.io.load_bvh``),
+            or a list of them (each its own clip; the same skeleton naming).
         config: a :class:`~kangengine.retarget.RobotRetargetConfig` or a name/path for
             :func:`~kangengine.retarget.load_robot_config`.
         model: the robot model (file path, ``ArticulationDesc`` or layout) instead of the configuration's;
@@ -338,7 +438,7 @@ def retarget_to_robot(
         max_correction_m: the largest root lift (m) used to clear a collision point from the floor; a frame
             needing more is left as solved and counted in ``metrics["penetration_uncorrected_frames"]``.
     Returns:
-        :class:`RobotRetargetResult`.
+        :class:`RobotRetargetResult` (a list of them, in order, for a list of motions).
     Raises:
         UnknownNameError: a source body of the configuration is not in ``motion`` (lists the source's bodies).
         LayoutMismatch: ``model`` has another layout signature than the configuration.
@@ -347,48 +447,48 @@ def retarget_to_robot(
 
     t0 = time.perf_counter()
     cpu0 = time.process_time()
+    single = isinstance(motion, SkeletonMotion) or not isinstance(motion, Sequence)
+    motions = [motion] if single else list(motion)
+    if not motions:
+        raise ShapeError("expected a SkeletonMotion or a non-empty list of them", item="motion")
     cfg = config if isinstance(config, RobotRetargetConfig) else load_robot_config(config, model=model)
     layout, desc, mpath = load_robot_model(cfg, model)
     cfg.check_model(layout, path=mpath)
     path = cfg.config_dir
-    src = _prepare_source(motion, cfg, path)
-    tg = _build_targets(cfg, layout, src, path)
-    n = src.pos.shape[0]
+    clips = [_prepare_clip(m, cfg, layout, path) for m in motions]
     tdt = {"float64": torch.float64, "float32": torch.float32}[dtype]
 
     def t(x, dt=tdt):
         return torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=device)
 
-    gb, go, gr = collision_points(desc, layout, cfg)
-    q_neutral = layout.neutral()
-    tasks = IKTasks(
-        point_body=t(np.concatenate([tg.key_body, tg.sole_body]), torch.int64),
-        point_offset=t(np.concatenate([tg.key_offset, tg.sole_offset])),
-        point_target=t(np.concatenate([tg.key_target, tg.sole_target], 1)),
-        point_weight=t(_axis_weights(tg)),
-        orient_body=t(tg.orient_body, torch.int64),
-        orient_target_wxyz=t(tg.orient_target),
-        orient_weight=t(tg.orient_weight),
-        ground_body=t(gb, torch.int64),
-        ground_offset=t(go),
-        ground_radius=t(gr),
-        ground_height=float(cfg.ground_height),
-        ground_weight=float(cfg.solver.ground_weight),
-        posture_weight=float(cfg.solver.posture_weight),
-        q_neutral=t(q_neutral),
-    )
-    # warm start: root on the source's root target, turned to the source heading; joints neutral
-    q0 = np.broadcast_to(q_neutral, (n, layout.nq)).copy()
-    root = layout.blocks[0]
-    pelvis_tasks = np.flatnonzero(tg.key_body == root.body_index)
-    if pelvis_tasks.size:
-        q0[:, root.q_offset : root.q_offset + 3] = tg.key_target[:, pelvis_tasks[0]]
-    q0[:, root.q_offset + 3 : root.q_offset + 7] = R.quat_multiply(
-        _yaw_quat(src.heading), layout.rest_rotations_wxyz[root.body_index][None]
-    )
+    ground = collision_points(desc, layout, cfg)
+    sc = _self_collision(desc, layout, mpath, cfg)
     tables = robot_dof_tables(layout, dtype=tdt, device=device)
-    q, cost = solve_clip(layout, tasks, t(q0), cfg.solver, fps=src.fps, tables=tables)
-    q = q.detach().cpu().numpy().astype(np.float64)
+    solved: list = [None] * len(clips)
+    for fps in dict.fromkeys(c.src.fps for c in clips):  # one batch per frame rate
+        idx = [i for i, c in enumerate(clips) if c.src.fps == fps]
+        group = [clips[i] for i in idx]
+        frames = ClipFrames.from_counts([c.q0.shape[0] for c in group])
+        tasks = _tasks(group, cfg, layout, ground, sc, t)
+        q0 = t(np.concatenate([c.q0 for c in group], 0))
+        q, cost = solve_clip(layout, tasks, q0, cfg.solver, fps=fps, tables=tables, clips=frames)
+        q = q.detach().cpu().numpy().astype(np.float64)
+        cost = cost.detach().cpu().numpy()
+        for i, s, n in zip(idx, frames.clip_frame_start, frames.clip_frame_count):
+            solved[i] = (q[s : s + n], cost[s : s + n])
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    out = [
+        _finish(c, q, cost, layout, cfg, ground, sc, max_correction_m, str(device), dtype, (wall, cpu, len(clips)))
+        for c, (q, cost) in zip(clips, solved)
+    ]
+    return out[0] if single else out
+
+
+def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, device, dtype, timing):
+    """The result of one solved clip: floor clearance, velocities, the motion and its metrics."""
+    src, tg, motion = clip.src, clip.tg, clip.motion
+    gb, go, gr = ground
+    n = q.shape[0]
     q, lift = _clear_floor(layout, q, gb, go, gr, cfg.ground_height, max_correction_m)
     fps = src.fps
     qd = _central_velocity(layout, q, fps)
@@ -406,8 +506,10 @@ def retarget_to_robot(
     )
     contact = np.stack([p.in_contact for p in tg.phases], 1) if tg.phases else np.zeros((n, 0), bool)
     metrics, task_errors = robot_retarget_metrics(
-        layout, q, qd, fps, cfg, tg, (gb, go, gr), motion_local_rotation(motion, src.kept), lift
+        layout, q, qd, fps, cfg, tg, ground, motion_local_rotation(motion, src.kept), lift
     )
+    metrics.update(self_collision_metrics(layout, q, sc, tg, src, motion))
+    wall, cpu, nclips = timing
     metrics.update(
         {
             "frames": int(n),
@@ -416,15 +518,38 @@ def retarget_to_robot(
             "scale": tg.scale,
             "solver_cost_mean": float(cost.mean()),
             "jacobian": "analytic",
-            "device": str(device),
+            "device": device,
             "dtype": dtype,
-            "time_s": time.perf_counter() - t0,
-            "cpu_time_s": time.process_time() - cpu0,
+            "batch_clips": nclips,
+            "time_s": wall,
+            "cpu_time_s": cpu,
         }
     )
     return RobotRetargetResult(
         amotion, metrics, task_errors.astype(np.float32), tg.key_names, contact, src.kept, layout
     )
+
+
+def self_collision_metrics(layout, q, sc: _SelfCollision, tg: _Targets, src: _Source, motion) -> dict:
+    """Robot self-collision frames (capsule proxies, every checked pair: two proxies intersecting by more than
+    :data:`SELF_COLLISION_TOLERANCE_M`, or for proxies that overlap at rest, deeper than at rest beyond the
+    margin) next to the source's own intersections
+    (capsules around the correspondence bones, :func:`.self_collision.source_intersections`)."""
+    allowed = np.minimum(sc.clearance, 0.0)  # [C] the deepest overlap that is not a collision
+    gaps = capsule_gaps(layout, q, sc.caps, sc.pairs, within=float(allowed.max()) if allowed.size else 0.0)
+    depth = allowed[None] - gaps if gaps.size else np.zeros((q.shape[0], 0))
+    robot = (depth > SELF_COLLISION_TOLERANCE_M).any(1) if gaps.size else np.zeros(q.shape[0], dtype=bool)
+    parents = np.asarray(motion.tree.parent_indices)
+    source = source_intersections(tg.source_joints, tg.scale * src.rest_pos, parents, tg.source_bones)
+    return {
+        "self_collision_frames": int(robot.sum()),
+        "self_collision_depth_m": float(max(depth.max(), 0.0)) if depth.size else 0.0,
+        "source_self_intersection_frames": int(source.sum()),
+        "self_collision_frames_beyond_source": int((robot & ~source).sum()),
+        "self_collision_pairs_checked": int(sc.pairs.shape[0]),
+        "self_collision_pairs_overlapping_at_rest": int((sc.clearance < 0).sum()),
+        "self_collision_proxies": {k: sc.caps.kind.count(k) for k in dict.fromkeys(sc.caps.kind)},
+    }
 
 
 def motion_local_rotation(motion: SkeletonMotion, kept: np.ndarray) -> np.ndarray:

@@ -233,6 +233,9 @@ class SolverOptions:
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
         max_step: largest step of one iteration (rad / m, infinity norm).
+        self_collision_weight: weight of the penalty keeping pairs of the robot's collision capsules apart
+            (0: no self-collision avoidance).
+        self_collision_margin: m, the clearance kept between two capsules beyond their radii.
     """
 
     iterations: int = 3
@@ -246,6 +249,8 @@ class SolverOptions:
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
     max_step: float = 0.5
+    self_collision_weight: float = 100.0
+    self_collision_margin: float = 0.01
 
     @classmethod
     def from_dict(cls, d, *, path=None) -> SolverOptions:

@@ -1,39 +1,52 @@
-"""Whole-clip damped Gauss-Newton (Levenberg-Marquardt) inverse kinematics, vectorised over frames in torch.
+"""Whole-clip damped Gauss-Newton (Levenberg-Marquardt) inverse kinematics, vectorised over frames and clips.
 
-Every frame of a clip is one row of a batch: one forward-kinematics call (:meth:`BodyKinematics.joint_frames`,
-the shared traced program) gives every body transform, every joint anchor and every DOF axis in the world,
-from which the Jacobians are written analytically: for a DOF with world axis ``a`` at anchor ``c`` moving
-point ``x``, ``dx/dq = a x (x - c)`` (rotation) or ``a`` (translation), and the angular Jacobian is ``a``.
-Residuals (all squared and weighted, per frame):
+Every frame of every clip is one row of a batch: one forward-kinematics call gives every body transform, every
+joint anchor and every DOF axis in the world, from which the Jacobians are written analytically: for a DOF
+with world axis ``a`` at anchor ``c`` moving point ``x``, ``dx/dq = a x (x - c)`` (rotation) or ``a``
+(translation), and the angular Jacobian is ``a``. Residuals (all squared and weighted, per frame):
 
 * point tasks: a point on a robot body (key bodies, held sole points) to a world target (m);
 * orientation tasks: ``log(target * current^-1)`` of a robot body (rad);
 * ground: every collision point at least its radius above the floor (one-sided, active set per iteration);
+* self-collision: every pair of collision capsules (spheres: capsules of length 0) at least ``pair_margin``
+  apart beyond their radii (one-sided, on the pairs that come near in the clip);
 * posture: the hinges towards the neutral pose (weak);
-* temporal smoothness: after the solve, the trajectory is low-passed on the manifold (Gaussian) and solved
-  again with a pull ``|difference(q, q_smooth)|^2`` towards it, so every frame's normal equations stay
-  ``nv x nv`` (one batched Cholesky for the whole clip) while contacts, floor and limits keep priority.
+* temporal smoothness: after the solve, the trajectory is low-passed on the manifold (Gaussian, within each
+  clip) and solved again with a pull ``|difference(q, q_smooth)|^2`` towards it, so every frame's normal
+  equations stay ``nv x nv`` (one batched Cholesky for all frames) while contacts, floor and limits keep
+  priority.
 
-Joint limits are hard bounds: every step is projected back into them (box-constrained Gauss-Newton). The
-clip is first solved on every ``coarse_stride``-th frame, interpolated on the manifold, then refined on all
-frames, then smoothed. The same code runs on CPU and CUDA tensors.
+The normal equations ``H = J^T W J`` are assembled per kinematic chain: the rows of the bodies of one branch
+(a leg, an arm with the torso) only depend on that branch's DOFs and the root's, so each group's Jacobian is
+``[frames, rows, chain DOFs]`` and its ``J^T J`` is scattered into ``H`` (a third to a sixth of the products of
+the dense form on a humanoid). Joint limits are hard bounds: every step is projected back into them
+(box-constrained Gauss-Newton). Each clip is first solved on every ``coarse_stride``-th frame, interpolated on
+the manifold, then refined on all frames, then smoothed. The same code runs on CPU and CUDA tensors.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..asset.desc import JointType
 
-__all__ = ["IKTasks", "solve_clip", "robot_dof_tables", "smooth_on_manifold"]
+__all__ = [
+    "IKTasks",
+    "solve_clip",
+    "robot_dof_tables",
+    "smooth_on_manifold",
+    "ClipFrames",
+    "pair_distances",
+    "segment_closest_points",
+]
 
 
 @dataclass(frozen=True)
 class IKTasks:
-    """The residuals of a clip (torch tensors on the solve device, float dtype of the solve).
+    """The residuals of a batch of frames (torch tensors on the solve device, float dtype of the solve).
 
     Attributes:
         point_body: ``[P] int64`` body of each point task. point_offset: ``[P, 3]`` m, in the body frame.
@@ -43,6 +56,10 @@ class IKTasks:
         ground_body: ``[G] int64``, ground_offset: ``[G, 3]`` m (body frame), ground_radius: ``[G]`` m: the
             collision points kept above ``ground_height`` (m) with ``ground_weight``.
         posture_weight: weight of the hinges' pull to ``q_neutral`` (``[nq]``).
+        capsule_body: ``[K] int64``, capsule_segment: ``[K, 2, 3]`` m (axis end points, body frame),
+            capsule_radius: ``[K]`` m: the robot's collision capsules (``None``: no self-collision);
+            pair: ``[C, 2] int64`` the capsule pairs, each kept ``pair_clearance [C]`` (m) apart beyond their
+            radii with ``pair_weight``.
     """
 
     point_body: object
@@ -59,25 +76,62 @@ class IKTasks:
     ground_weight: float
     posture_weight: float
     q_neutral: object
+    capsule_body: object = None
+    capsule_segment: object = None
+    capsule_radius: object = None
+    pair: object = None
+    pair_clearance: object = None
+    pair_weight: float = 0.0
 
     def frames(self, index) -> IKTasks:
         """The tasks of some frames (``index``: a slice or an index tensor)."""
-        return IKTasks(
-            self.point_body,
-            self.point_offset,
-            self.point_target[index],
-            self.point_weight[index],
-            self.orient_body,
-            self.orient_target_wxyz[index],
-            self.orient_weight[index],
-            self.ground_body,
-            self.ground_offset,
-            self.ground_radius,
-            self.ground_height,
-            self.ground_weight,
-            self.posture_weight,
-            self.q_neutral,
+        return replace(
+            self,
+            point_target=self.point_target[index],
+            point_weight=self.point_weight[index],
+            orient_target_wxyz=self.orient_target_wxyz[index],
+            orient_weight=self.orient_weight[index],
         )
+
+    def with_pairs(self, keep) -> IKTasks:
+        """The tasks with only the self-collision pairs ``keep`` (``[C'] int64`` or bool mask)."""
+        if self.pair is None:
+            return self
+        return replace(self, pair=self.pair[keep], pair_clearance=self.pair_clearance[keep])
+
+    @property
+    def num_pairs(self) -> int:
+        return 0 if self.pair is None else int(self.pair.shape[0])
+
+
+@dataclass(frozen=True)
+class ClipFrames:
+    """Where each clip of a batch lies in the frame axis (frames of all clips concatenated, clip-major).
+
+    Attributes:
+        clip_frame_start: ``[clips] int64`` first frame of each clip. clip_frame_count: ``[clips] int64``.
+    """
+
+    clip_frame_start: np.ndarray
+    clip_frame_count: np.ndarray
+
+    @classmethod
+    def single(cls, n: int) -> ClipFrames:
+        return cls(np.zeros(1, dtype=np.int64), np.array([n], dtype=np.int64))
+
+    @classmethod
+    def from_counts(cls, counts) -> ClipFrames:
+        c = np.asarray(counts, dtype=np.int64)
+        return cls(np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64), c)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.clip_frame_count.sum())
+
+    def frame_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(first [frames], last [frames])``: the first and last frame of each frame's clip."""
+        lo = np.repeat(self.clip_frame_start, self.clip_frame_count)
+        return lo, lo + np.repeat(self.clip_frame_count, self.clip_frame_count) - 1
 
 
 @dataclass(frozen=True)
@@ -85,11 +139,18 @@ class _DofTables:
     dof_step: object  # [V] int64: the joint step of each DOF (index into JointFrames.joint_positions)
     dof_rotational: object  # [V] bool
     moves_body: object  # [V, B] float: 1 where the DOF moves the body
+    moves_body_np: np.ndarray  # [V, B] bool (numpy, for planning the row groups)
     hinge_q: object  # [H] int64 q index of each limited scalar joint
     hinge_lo: object  # [H]
     hinge_hi: object  # [H]
     hinge_dof: object  # [H] int64 qd index
     posture_dof: object  # [V] float: 1 on hinge/slide DOFs
+    # joint frames derived from the body transforms (one joint per body, no ball): None otherwise
+    step_body: object  # [S] int64 body of each joint step
+    step_anchor: object  # [S, 3] m, anchor in the body frame
+    dof_body: object  # [V] int64 body whose rotation turns the DOF's axis
+    dof_axis_local: object  # [V, 3] axis in that body's frame (free DOFs: world axes, body -1 -> identity)
+    dof_world: object  # [V] bool: the axis is a world axis (free joint)
 
 
 def robot_dof_tables(layout, *, dtype, device) -> _DofTables:
@@ -97,21 +158,36 @@ def robot_dof_tables(layout, *, dtype, device) -> _DofTables:
     import torch
 
     steps, rot, owner = [], [], []
+    step_body, step_anchor, dof_axis, dof_world = [], [], [], []
+    per_body = np.zeros(layout.num_bodies, dtype=np.int64)
+    derivable = True
     step = 0
     for b in layout.blocks:
         if b.joint_type is JointType.FIXED:
             continue
+        per_body[b.body_index] += 1
+        step_body.append(b.body_index)
+        step_anchor.append(b.anchor)
         if b.joint_type is JointType.FREE:
             steps += [step] * 6
             rot += [False] * 3 + [True] * 3
+            dof_axis += [np.eye(3)[i] for i in (0, 1, 2, 0, 1, 2)]
+            dof_world += [True] * 6
+            derivable &= layout.parent_indices[b.body_index] < 0
         elif b.joint_type is JointType.BALL:
             steps += [step] * 3
             rot += [True] * 3
+            dof_axis += [np.eye(3)[i] for i in range(3)]
+            dof_world += [False] * 3
+            derivable = False  # the axes are the frame before the ball: needs the joint's own rotation
         else:
             steps.append(step)
             rot.append(b.joint_type is JointType.HINGE)
+            dof_axis.append(np.asarray(b.axis if b.axis is not None else (0.0, 0.0, 1.0), dtype=np.float64))
+            dof_world.append(False)
         owner += [b.body_index] * b.qd_dim
         step += 1
+    derivable &= bool((per_body <= 1).all())
     nb = layout.num_bodies
     parents = layout.parent_indices
     anc = np.zeros((nb, nb), dtype=bool)  # anc[a, b]: a is b or an ancestor of b
@@ -139,19 +215,25 @@ def robot_dof_tables(layout, *, dtype, device) -> _DofTables:
         dof_step=t(steps, torch.int64),
         dof_rotational=t(rot, torch.bool),
         moves_body=t(moves.astype(np.float64)),
+        moves_body_np=moves,
         hinge_q=t(hq, torch.int64),
         hinge_lo=t(lo),
         hinge_hi=t(hi),
         hinge_dof=t(hd, torch.int64),
         posture_dof=t(post),
+        step_body=t(step_body, torch.int64) if derivable else None,
+        step_anchor=t(np.asarray(step_anchor, dtype=np.float64).reshape(-1, 3)) if derivable else None,
+        dof_body=t(np.asarray(owner), torch.int64) if derivable else None,
+        dof_axis_local=t(np.asarray(dof_axis).reshape(-1, 3)) if derivable else None,
+        dof_world=t(dof_world, torch.bool) if derivable else None,
     )
 
 
 def _quat_mul(a, b):
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
     import torch
 
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
     return torch.stack(
         (
             aw * bw - ax * bx - ay * by - az * bz,
@@ -182,6 +264,36 @@ def _quat_log(q):
     return q[..., 1:] * scale
 
 
+@dataclass(frozen=True)
+class _Frames:
+    body_positions: object  # [N, B, 3]
+    body_rotations_wxyz: object  # [N, B, 4]
+    joint_positions: object  # [N, S, 3]
+    dof_axes: object  # [N, V, 3]
+
+
+def _joint_frames(q, layout, tables) -> _Frames:
+    """Body transforms, joint anchors and DOF axes in the world at ``q [N, nq]``.
+
+    With one joint per body (no ball) they come from the body transforms alone (``from_coordinates``, the
+    native kernel on the CPU when one is built): a hinge's world axis is its body's rotation of its axis and
+    its anchor is fixed by its own rotation, so ``anchor_world = body_pos + R_body anchor``. Otherwise the
+    traced ``joint_frames`` program gives them."""
+    import torch
+
+    kin = layout.kinematics
+    if tables.step_body is None:
+        fr = kin.joint_frames(q)
+        return _Frames(fr.body_positions, fr.body_rotations_wxyz, fr.joint_positions, fr.dof_axes)
+    bpos, brot = kin.from_coordinates(q)
+    n = q.shape[0]
+    sb = tables.step_body
+    jpos = bpos[:, sb] + _quat_rotate(brot[:, sb], tables.step_anchor.expand(n, -1, -1))
+    ax = _quat_rotate(brot[:, tables.dof_body], tables.dof_axis_local.expand(n, -1, -1))
+    ax = torch.where(tables.dof_world[None, :, None], tables.dof_axis_local[None], ax)
+    return _Frames(bpos, brot, jpos, ax)
+
+
 def _dof_moments(frames, tables):
     """``[N, 4, 3, V]``: per DOF the coefficients of ``dx_i/dq = sum_k C[k, i] (x, y, z, 1)_k`` for a world
     point ``x``: rotation ``a x (x - c) = a x x - a x c``, translation ``a``."""
@@ -195,7 +307,7 @@ def _dof_moments(frames, tables):
     ax, ay, az = a.unbind(-1)
     zero = torch.zeros_like(ax)
     # rows i = x, y, z of (a x p) as coefficients of p_x, p_y, p_z
-    coef = torch.stack(
+    return torch.stack(
         (
             torch.stack((zero, az, -ay), 1),  # coefficient of p_x in (a x p)_x, _y, _z
             torch.stack((-az, zero, ax), 1),  # of p_y
@@ -204,83 +316,269 @@ def _dof_moments(frames, tables):
         ),
         1,
     )  # [N, 4, 3, V]
-    return coef
 
 
-def _point_jacobian(x, body, coef, tables, out):
-    """Write the Jacobian ``[N, P, 3, V]`` of world points ``x [N, P, 3]`` on bodies ``body [P]`` into ``out``
-    (a view of that shape; ``[N, P, 1, V]``: the z row only): one batched product of ``(x, y, z, 1)`` with the
-    per-DOF coefficients, then the mask of the DOFs that move each body."""
-    import torch
-
+def _point_jacobian(x, coef, mask):
+    """``[N, P, R, c]``: Jacobian of world points ``x [N, P, 3]`` from the per-DOF coefficients ``coef
+    [N, 4, R, c]`` (R rows of x, y, z; c DOFs) and ``mask [P, c]`` (1 where the DOF moves the point's body)."""
     n, p = x.shape[:2]
-    rows = out.shape[2]
-    c = coef[:, :, 3 - rows :] if rows < 3 else coef  # [N, 4, rows, V]
-    feat = torch.cat((x, x.new_ones((n, p, 1))), -1)  # [N, P, 4]
-    j = (feat @ c.reshape(n, 4, -1)).view(n, p, rows, -1)
-    torch.mul(j, tables.moves_body[:, body].T[None, :, None, :], out=j)
-    out.copy_(j)
+    rows, c = coef.shape[2], coef.shape[3]
+    feat = torch_cat_ones(x)
+    j = (feat @ coef.reshape(n, 4, rows * c)).view(n, p, rows, c)
+    return j * mask[None, :, None, :]
 
 
-def _normal_equations(q, tasks: IKTasks, tables, layout):
-    """``(H [N, V, V], g [N, V], cost [N], ground)`` of the task residuals at ``q`` (without smoothness);
-    ``ground``: ``(clearance [N, G] m, dz/dq [N, G, V])`` of the collision points, or ``None``.
-
-    The rows (point x, y, z; orientation x, y, z; ground z) are written into one ``[N, M, V]`` Jacobian
-    scaled by the square roots of their weights; ``H = J^T J`` and ``g = J^T r`` are two batched products."""
+def torch_cat_ones(x):
+    """``[..., 4]``: ``(x, y, z, 1)``."""
     import torch
 
-    fr = layout.kinematics.joint_frames(q)
+    return torch.cat((x, x.new_ones(x.shape[:-1] + (1,))), -1)
+
+
+@dataclass(frozen=True)
+class _RowGroup:
+    """Task rows that depend on one chain of DOFs: ``cols [c]`` (their qd indices), ``flat [c * c]`` (their
+    block's entries in a flattened ``[V * V]``), the point / orientation / ground tasks in the group and the
+    ``[rows, c]`` masks of the DOFs that move each task's body."""
+
+    cols: object
+    flat: object
+    points: object
+    point_mask: object
+    orients: object
+    orient_mask: object
+    grounds: object
+    ground_mask: object
+    pairs: object = None
+    pair_mask: object = None  # [C, 2, c]
+
+
+def _chain_groups(bodies: list[np.ndarray], moves: np.ndarray) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """Group task bodies by chain: ``[(dof columns, [indices into each of bodies])]``. A body joins the group of
+    a deeper body whose DOFs include all of its own (an ancestor on the same branch), else starts one."""
+    dofs = {int(b): frozenset(np.flatnonzero(moves[:, b]).tolist()) for arr in bodies for b in arr}
+    order = sorted(dofs, key=lambda b: -len(dofs[b]))
+    leaves: list[frozenset] = []
+    owner = {}
+    for b in order:
+        fits = [i for i, s in enumerate(leaves) if dofs[b] <= s]
+        if fits:
+            owner[b] = min(fits, key=lambda i: len(leaves[i]))
+        else:
+            owner[b] = len(leaves)
+            leaves.append(dofs[b])
+    out = []
+    for i, s in enumerate(leaves):
+        idx = [np.flatnonzero([owner[int(b)] == i for b in arr]).astype(np.int64) for arr in bodies]
+        out.append((np.array(sorted(s), dtype=np.int64), idx))
+    return out
+
+
+def _row_groups(tasks: IKTasks, tables, nv: int) -> tuple[_RowGroup, ...]:
+    """The chain groups of a task set (built once per solve)."""
+    import torch
+
+    dev = tables.moves_body.device
+    dt = tables.moves_body.dtype
+    moves = tables.moves_body_np
+    bodies = [tasks.point_body.cpu().numpy(), tasks.orient_body.cpu().numpy(), tasks.ground_body.cpu().numpy()]
+
+    def lt(x):
+        return torch.as_tensor(x, dtype=torch.int64, device=dev)
+
+    def mask(cols, body):
+        return torch.as_tensor(moves[np.ix_(cols, body)].T.astype(np.float64), dtype=dt, device=dev)
+
+    groups = []
+    for cols, (pi, oi, gi) in _chain_groups(bodies, moves):
+        flat = (cols[:, None] * nv + cols[None, :]).reshape(-1)
+        groups.append(
+            _RowGroup(
+                cols=lt(cols),
+                flat=lt(flat),
+                points=lt(pi),
+                point_mask=mask(cols, bodies[0][pi]),
+                orients=lt(oi),
+                orient_mask=mask(cols, bodies[1][oi]),
+                grounds=lt(gi),
+                ground_mask=mask(cols, bodies[2][gi]),
+            )
+        )
+    if tasks.num_pairs:
+        pb = tasks.capsule_body[tasks.pair].cpu().numpy()
+        cols = np.flatnonzero(moves[:, pb.reshape(-1)].any(1)).astype(np.int64)
+        pm = np.stack([moves[np.ix_(cols, pb[:, k])].T for k in (0, 1)], 1).astype(np.float64)
+        empty = lt(np.zeros(0))
+        groups.append(
+            _RowGroup(
+                cols=lt(cols),
+                flat=lt((cols[:, None] * nv + cols[None, :]).reshape(-1)),
+                points=empty,
+                point_mask=None,
+                orients=empty,
+                orient_mask=None,
+                grounds=empty,
+                ground_mask=None,
+                pairs=lt(np.arange(pb.shape[0])),
+                pair_mask=torch.as_tensor(pm, dtype=dt, device=dev),
+            )
+        )
+    return tuple(groups)
+
+
+def segment_closest_points(p0, p1, q0, q1):
+    """Closest points of segments ``p0-p1`` and ``q0-q1`` (``[..., 3]`` each; a zero-length segment is a
+    point): ``(on_p [..., 3], on_q [..., 3])``."""
+    d1, d2, r = p1 - p0, q1 - q0, p0 - q0
+    a = (d1 * d1).sum(-1)
+    e = (d2 * d2).sum(-1)
+    f = (d2 * r).sum(-1)
+    c = (d1 * r).sum(-1)
+    b = (d1 * d2).sum(-1)
+    eps = 1e-12
+    denom = a * e - b * b
+    s = ((b * f - c * e) / denom.clamp_min(eps)).clamp(0.0, 1.0)
+    s = s.where(denom > eps * (a * e).clamp_min(eps), s.new_zeros(()))
+    t = (b * s + f) / e.clamp_min(eps)
+    t_c = t.clamp(0.0, 1.0)
+    s = ((b * t_c - c) / a.clamp_min(eps)).clamp(0.0, 1.0).where(t != t_c, s)
+    s = s.where(a > eps, s.new_zeros(()))
+    t = t_c.where(e > eps, t_c.new_zeros(()))
+    return p0 + d1 * s[..., None], q0 + d2 * t[..., None]
+
+
+def capsules_world(bpos, brot, body, segment):
+    """``[N, K, 2, 3]`` m: capsule axis end points in the world from ``body [K]`` and ``segment [K, 2, 3]``
+    (body frames), with ``bpos [N, B, 3]``, ``brot [N, B, 4]`` world_from_body."""
+    n = bpos.shape[0]
+    return _quat_rotate(brot[:, body, None], segment.expand(n, -1, -1, -1)) + bpos[:, body, None]
+
+
+def pair_distances(seg_world, pair, radius):
+    """Gaps of capsule pairs at some frames (torch).
+
+    Args:
+        seg_world: ``[N, K, 2, 3]`` m, capsule end points in the world (:func:`capsules_world`).
+        pair: ``[C, 2] int64`` capsule indices of each pair. radius: ``[K]`` m.
+    Returns:
+        ``(gap [N, C] m (negative: the capsules intersect), normal [N, C, 3] from side 1 to side 0,
+        closest point of each side [N, C, 2, 3] m world)``.
+    """
+    import torch
+
+    a, b = seg_world[:, pair[:, 0]], seg_world[:, pair[:, 1]]
+    pa, pb = segment_closest_points(a[:, :, 0], a[:, :, 1], b[:, :, 0], b[:, :, 1])
+    diff = pa - pb
+    dist = torch.linalg.norm(diff, dim=-1)
+    normal = diff / dist.clamp_min(1e-9)[..., None]
+    return dist - radius[pair].sum(-1), normal, torch.stack((pa, pb), 2)
+
+
+def bounding_gaps(seg_world, pair, radius):
+    """``[N, C]`` m: a lower bound of each pair's gap (the capsules' bounding spheres), cheap broad phase."""
+    import torch
+
+    mid = 0.5 * (seg_world[:, :, 0] + seg_world[:, :, 1])
+    reach = radius + 0.5 * torch.linalg.norm(seg_world[0, :, 1] - seg_world[0, :, 0], dim=-1)
+    d = torch.linalg.norm(mid[:, pair[:, 0]] - mid[:, pair[:, 1]], dim=-1)
+    return d - reach[pair].sum(-1)
+
+
+def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
+    """``(H [N, V, V], g [N, V], cost [N], one_sided)`` of the task residuals at ``q`` (without smoothness);
+    ``one_sided``: ``(value [N, R] m, d value/dq [N, R, V], weight [R])`` of the one-sided rows (the collision
+    points' floor clearances, then the self-collision pairs' gaps beyond their clearance), or ``None``.
+
+    Per chain group (:func:`_row_groups`) the weighted rows (point x, y, z; orientation x, y, z; ground z;
+    self-collision gaps) form one ``[N, rows, c]`` Jacobian; its ``J^T J`` and ``J^T r`` are added into ``H``
+    and ``g`` at the group's DOFs."""
+    import torch
+
+    groups = _row_groups(tasks, tables, layout.nv) if groups is None else groups
+    fr = _joint_frames(q, layout, tables)
     bpos, brot = fr.body_positions, fr.body_rotations_wxyz
     n, nv = q.shape[0], layout.nv
-    npt, no, ng = tasks.point_body.numel(), tasks.orient_body.numel(), tasks.ground_body.numel()
-    m_rows = 3 * npt + 3 * no + ng
-    jac = q.new_empty((n, m_rows, nv))
-    res = q.new_empty((n, m_rows))
-    wts = q.new_empty((n, m_rows))
-    moments = _dof_moments(fr, tables)
-    # point tasks
-    x = bpos[:, tasks.point_body] + _quat_rotate(brot[:, tasks.point_body], tasks.point_offset.expand(n, -1, -1))
-    _point_jacobian(x, tasks.point_body, moments, tables, jac[:, : 3 * npt].view(n, npt, 3, nv))
-    res[:, : 3 * npt] = (x - tasks.point_target).reshape(n, -1)
-    wts[:, : 3 * npt] = tasks.point_weight.reshape(n, -1)
-    # orientation tasks
-    o0 = 3 * npt
+    coef = _dof_moments(fr, tables)
+    pt_x = bpos[:, tasks.point_body] + _quat_rotate(brot[:, tasks.point_body], tasks.point_offset.expand(n, -1, -1))
+    pt_r = pt_x - tasks.point_target
+    pt_s = tasks.point_weight.sqrt()
+    no, ng = tasks.orient_body.numel(), tasks.ground_body.numel()
     if no:
         cur = brot[:, tasks.orient_body]
         conj = cur * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
-        err = _quat_log(_quat_mul(tasks.orient_target_wxyz, conj))  # [N, O, 3]
+        or_r = -_quat_log(_quat_mul(tasks.orient_target_wxyz, conj))  # [N, O, 3]
+        or_s = tasks.orient_weight.sqrt()
         a_rot = (fr.dof_axes * tables.dof_rotational.to(q.dtype)[None, :, None]).transpose(1, 2)  # [N, 3, V]
-        jac[:, o0 : o0 + 3 * no].view(n, no, 3, nv)[:] = (
-            a_rot[:, None] * tables.moves_body[:, tasks.orient_body].T[None, :, None, :]
-        )
-        res[:, o0 : o0 + 3 * no] = -err.reshape(n, -1)
-        wts[:, o0 : o0 + 3 * no] = tasks.orient_weight[:, :, None].expand(-1, -1, 3).reshape(n, -1)
-    # ground: one-sided, only the z row of the points below the floor
-    g0 = o0 + 3 * no
     ground = None
     if ng:
         gx = bpos[:, tasks.ground_body] + _quat_rotate(
             brot[:, tasks.ground_body], tasks.ground_offset.expand(n, -1, -1)
         )
         h = gx[..., 2] - tasks.ground_radius - tasks.ground_height  # [N, G]
-        jg = jac[:, g0:].view(n, ng, 1, nv)
-        _point_jacobian(gx, tasks.ground_body, moments, tables, jg)
-        res[:, g0:] = h.clamp_max(0.0)
-        wts[:, g0:] = (h < 0).to(q.dtype) * tasks.ground_weight
-        ground = (h, jg[:, :, 0].clone())
-    sw = wts.sqrt()
-    js = jac * sw[..., None]
-    rs = res * sw
-    hess = js.transpose(1, 2) @ js
-    grad = (js.transpose(1, 2) @ rs[..., None])[..., 0]
-    cost = (rs * rs).sum(1)
+        g_s = ((h < 0).to(q.dtype) * tasks.ground_weight).sqrt()
+        g_jac = q.new_zeros((n, ng, nv))
+        ground = (h, g_jac)
+    if tasks.num_pairs:
+        seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
+        gap, normal, closest = pair_distances(seg, tasks.pair, tasks.capsule_radius)
+        gap = gap - tasks.pair_clearance
+        c_s = ((gap < 0).to(q.dtype) * tasks.pair_weight).sqrt()
+        p_jac = q.new_zeros((n, tasks.num_pairs, nv))
+    hess = q.new_zeros((n, nv * nv))
+    grad = q.new_zeros((n, nv))
+    cost = q.new_zeros(n)
+    for g in groups:
+        cg = coef.index_select(3, g.cols)  # [N, 4, 3, c]
+        c = cg.shape[3]
+        js, rs = [], []
+        if g.points.numel():
+            j = _point_jacobian(pt_x[:, g.points], cg, g.point_mask)
+            s = pt_s[:, g.points]
+            js.append((j * s[..., None]).reshape(n, -1, c))
+            rs.append((pt_r[:, g.points] * s).reshape(n, -1))
+        if g.orients.numel():
+            j = a_rot.index_select(2, g.cols)[:, None] * g.orient_mask[None, :, None, :]
+            s = or_s[:, g.orients, None]
+            js.append((j * s[..., None]).reshape(n, -1, c))
+            rs.append((or_r[:, g.orients] * s).reshape(n, -1))
+        if g.grounds.numel():
+            j = _point_jacobian(gx[:, g.grounds], cg[:, :, 2:3], g.ground_mask)[:, :, 0]  # [N, Gg, c]
+            g_jac[:, g.grounds[:, None], g.cols[None, :]] = j
+            s = g_s[:, g.grounds]
+            js.append(j * s[..., None])
+            rs.append(h[:, g.grounds].clamp_max(0.0) * s)
+        if g.pairs is not None:
+            ja = _point_jacobian(closest[:, :, 0], cg, g.pair_mask[:, 0])  # [N, C, 3, c]
+            jb = _point_jacobian(closest[:, :, 1], cg, g.pair_mask[:, 1])
+            j = ((ja - jb) * normal[..., None]).sum(2)  # [N, C, c]
+            p_jac[:, :, g.cols] = j
+            js.append(j * c_s[..., None])
+            rs.append(gap.clamp_max(0.0) * c_s)
+        jac = torch.cat(js, 1) if len(js) > 1 else js[0]
+        res = torch.cat(rs, 1) if len(rs) > 1 else rs[0]
+        jt = jac.transpose(1, 2)
+        hess.index_add_(1, g.flat, (jt @ jac).reshape(n, -1))
+        grad.index_add_(1, g.cols, (jt @ res[..., None])[..., 0])
+        cost = cost + (res * res).sum(1)
+    hess = hess.view(n, nv, nv)
     # posture (hinges towards neutral)
     if tasks.posture_weight > 0:
         dpost = layout.difference(q, tasks.q_neutral.expand_as(q)) * tables.posture_dof
         grad = grad + tasks.posture_weight * dpost
         hess.diagonal(dim1=1, dim2=2).add_(tasks.posture_weight * tables.posture_dof)
         cost = cost + tasks.posture_weight * (dpost * dpost).sum(1)
+    if tasks.num_pairs:  # the one-sided rows together: floor clearances, then pair gaps beyond their clearance
+        w = [tasks.pair_weight] * tasks.num_pairs
+        if ground is None:
+            ground = (gap, p_jac, q.new_tensor(w))
+        else:
+            ground = (
+                torch.cat((ground[0], gap), 1),
+                torch.cat((ground[1], p_jac), 1),
+                q.new_tensor([tasks.ground_weight] * ng + w),
+            )
+    elif ground is not None:
+        ground = (ground[0], ground[1], q.new_full((ng,), tasks.ground_weight))
     return hess, grad, cost, ground
 
 
@@ -306,9 +604,10 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
     """
     import torch
 
+    groups = _row_groups(tasks, tables, layout.nv)
     cost = q.new_zeros(q.shape[0])
     for _ in range(iterations):
-        hess, grad, cost, ground = _normal_equations(q, tasks, tables, layout)
+        hess, grad, cost, ground = _normal_equations(q, tasks, tables, layout, groups)
         diag = hess.diagonal(dim1=1, dim2=2)
         if prior is not None:
             d = layout.difference(q, prior[0])
@@ -318,13 +617,13 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
         diag.add_(options.damping)
         step = _solve(hess, grad)
         if ground is not None:
-            # one active-set round: points the step would push below the floor join the penalty (those
-            # frames only are solved again)
-            h, jg = ground
+            # one active-set round: points the step would push below the floor and pairs it would push into
+            # each other join the penalty (those frames only are solved again)
+            h, jg, w1 = ground
             new = ((h + (jg @ step[..., None])[..., 0]) < 0) & (h >= 0)
             rows = torch.nonzero(new.any(1))[:, 0]
             if rows.numel():
-                swn = (new[rows].to(q.dtype) * tasks.ground_weight).sqrt()  # [r, G]
+                swn = (new[rows].to(q.dtype) * w1).sqrt()  # [r, G]
                 jn = jg[rows] * swn[..., None]
                 hn = hess[rows] + jn.transpose(1, 2) @ jn
                 gn = grad[rows] + (jn.transpose(1, 2) @ (swn * h[rows])[..., None])[..., 0]
@@ -336,11 +635,11 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
     return q, cost
 
 
-def smooth_on_manifold(layout, q, sigma_frames: float):
-    """Gaussian low-pass of a trajectory ``q [N, nq]`` (torch) on the configuration manifold.
+def smooth_on_manifold(layout, q, sigma_frames: float, clips: ClipFrames | None = None):
+    """Gaussian low-pass of a trajectory ``q [N, nq]`` (torch) on the configuration manifold, within each clip.
 
     ``q_s[t] = integrate(q[t], sum_k g_k difference(q[t + k], q[t]))`` with normalised Gaussian weights ``g_k``
-    over ``|k| <= 2 sigma`` (indices clamped at the ends); one vectorised pass per offset ``k``.
+    over ``|k| <= 2 sigma`` (indices clamped at the ends of the frame's clip); one vectorised pass per offset.
     """
     import torch
 
@@ -348,28 +647,63 @@ def smooth_on_manifold(layout, q, sigma_frames: float):
     half = int(math.ceil(2.0 * sigma_frames))
     if half < 1 or n < 2:
         return q
+    clips = ClipFrames.single(n) if clips is None else clips
+    lo, hi = (torch.as_tensor(x, device=q.device) for x in clips.frame_bounds())
     ks = range(-half, half + 1)
-    g = torch.tensor([math.exp(-0.5 * (k / sigma_frames) ** 2) for k in ks], dtype=q.dtype, device=q.device)
-    g = g / g.sum()
+    g = [math.exp(-0.5 * (k / sigma_frames) ** 2) for k in ks]
+    g = [w / sum(g) for w in g]
     t = torch.arange(n, device=q.device)
     acc = torch.zeros((n, layout.nv), dtype=q.dtype, device=q.device)
     for w, k in zip(g, ks):
         if k:
-            acc = acc + w * layout.difference(q[(t + k).clamp(0, n - 1)], q)
+            acc = acc + w * layout.difference(q[torch.minimum(torch.maximum(t + k, lo), hi)], q)
     return layout.integrate(q, acc)
 
 
-def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=None):
-    """Solve the clip: a coarse pass on every ``options.coarse_stride``-th frame (interpolated on the manifold
-    as the warm start), all frames, then the smoothing pass (a pull towards the low-passed solution, with every
-    task still on: contacts, floor and limits stay as solved).
+def _coarse_plan(clips: ClipFrames, stride: int):
+    """``(coarse frames [M], segment start position [N], alpha [N])`` (numpy) of the coarse pass: every
+    ``stride``-th frame of each clip and its last; each frame interpolates between two coarse frames of its
+    clip (positions into the coarse list)."""
+    idx, lo_pos, alpha = [], [], []
+    for s, c in zip(clips.clip_frame_start.tolist(), clips.clip_frame_count.tolist()):  # per clip, not per frame
+        local = np.arange(0, c, stride)
+        if local[-1] != c - 1:
+            local = np.append(local, c - 1)
+        base = len(idx) and sum(len(x) for x in idx)
+        t = np.arange(c)
+        seg = np.clip(np.searchsorted(local, t, side="right"), 1, len(local) - 1) - 1
+        a, b = local[seg], local[seg + 1]
+        idx.append(local + s)
+        lo_pos.append(seg + base)
+        alpha.append((t - a) / np.maximum(b - a, 1))
+    return np.concatenate(idx), np.concatenate(lo_pos), np.concatenate(alpha)
+
+
+def _near_pairs(q, tasks, layout, cull_m: float):
+    """Indices of the self-collision pairs whose gap comes within ``cull_m`` of its clearance in some frame."""
+    import torch
+
+    bpos, brot = layout.kinematics.from_coordinates(q)
+    seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
+    slack = tasks.pair_clearance + cull_m
+    near = torch.nonzero((bounding_gaps(seg, tasks.pair, tasks.capsule_radius) < slack).any(0))[:, 0]
+    gap, _, _ = pair_distances(seg, tasks.pair[near], tasks.capsule_radius)
+    return near[(gap < slack[near]).any(0)]
+
+
+def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=None, clips: ClipFrames | None = None):
+    """Solve a batch of clips: a coarse pass on every ``options.coarse_stride``-th frame of each clip
+    (interpolated on the manifold as the warm start), all frames, then the smoothing pass (a pull towards the
+    low-passed solution, with every task still on: contacts, floor and limits stay as solved). Self-collision
+    pairs (if any) are kept to those that come near in the interpolated warm start.
 
     Args:
         layout: the robot's :class:`~kangengine.animation.ArticulationCoordinateLayout` (free root).
-        tasks: :class:`IKTasks` for every frame.
+        tasks: :class:`IKTasks` for every frame of every clip.
         q_init: ``[frames, nq]`` torch, the warm start (root from the source, joints neutral).
         options: :class:`~kangengine.retarget.robot_config.SolverOptions`.
-        fps: frames per second of the clip (the smoothing width is in seconds).
+        fps: frames per second of the clips (the smoothing width is in seconds).
+        clips: where each clip lies in the frame axis (default: one clip).
     Returns:
         ``(q [frames, nq], cost [frames])`` torch, on ``q_init``'s device and dtype.
     """
@@ -378,21 +712,24 @@ def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=No
     tables = tables or robot_dof_tables(layout, dtype=q_init.dtype, device=q_init.device)
     q = _project_limits(q_init.clone(), tables)
     n = q.shape[0]
+    clips = ClipFrames.single(n) if clips is None else clips
     stride = int(options.coarse_stride)
-    if stride > 1 and n > 2 * stride and options.coarse_iterations > 0:
-        idx = torch.arange(0, n, stride, device=q.device)
-        if int(idx[-1]) != n - 1:
-            idx = torch.cat([idx, torch.tensor([n - 1], device=q.device)])
-        qc, _ = _iterate(q[idx], tasks.frames(idx), tables, layout, options, int(options.coarse_iterations))
-        # interpolate the coarse solution onto every frame (geodesic, per segment)
-        t = torch.arange(n, device=q.device)
-        seg = torch.searchsorted(idx, t, right=True).clamp(1, idx.numel() - 1) - 1
-        a, b = idx[seg], idx[seg + 1]
-        alpha = ((t - a).to(q.dtype) / (b - a).to(q.dtype))[:, None]
-        q = _project_limits(layout.integrate(qc[seg], layout.difference(qc[seg + 1], qc[seg]) * alpha), tables)
+    no_pairs = tasks.with_pairs(torch.zeros(tasks.num_pairs, dtype=torch.bool, device=q.device))
+    if stride > 1 and int(clips.clip_frame_count.min()) > 2 * stride and options.coarse_iterations > 0:
+        idx, lo_pos, alpha = _coarse_plan(clips, stride)
+        idx_t = torch.as_tensor(idx, device=q.device)
+        qc, _ = _iterate(q[idx_t], no_pairs.frames(idx_t), tables, layout, options, int(options.coarse_iterations))
+        lo_t = torch.as_tensor(lo_pos, device=q.device)
+        a_t = torch.as_tensor(alpha, dtype=q.dtype, device=q.device)[:, None]
+        q = _project_limits(layout.integrate(qc[lo_t], layout.difference(qc[lo_t + 1], qc[lo_t]) * a_t), tables)
+    all_pairs = tasks
+    if tasks.num_pairs:
+        tasks = all_pairs.with_pairs(_near_pairs(q, all_pairs, layout, 0.05))
     q, cost = _iterate(q, tasks, tables, layout, options, int(options.iterations))
     if options.smoothness_weight > 0 and options.smoothing_iterations > 0:
-        q_smooth = smooth_on_manifold(layout, q, options.smoothing_s * fps)
+        q_smooth = smooth_on_manifold(layout, q, options.smoothing_s * fps, clips)
+        if tasks.num_pairs:  # the pairs the refined motion brings near
+            tasks = all_pairs.with_pairs(_near_pairs(q_smooth, all_pairs, layout, 0.03))
         prior = (q_smooth, float(options.smoothness_weight))
         q, cost = _iterate(q_smooth, tasks, tables, layout, options, int(options.smoothing_iterations), prior)
     return q, cost
