@@ -1073,10 +1073,26 @@ def test_compiled_slerp_against_scipy_on_random_rotations(dtype):
 
 
 @needs_llvmlite
-def test_a_sample_does_not_depend_on_its_batch(amp):
+def test_a_sample_does_not_depend_on_its_batch(amp, monkeypatch):
     """A query's pose and body state are bit-identical computed alone and inside batches of any size and position
-    (every query runs the same instructions)."""
+    (every query runs the same instructions), and on one thread or in slices on several."""
+    from kangengine.animation.library import native_blend
+
     lb = MotionLibrary(amp, precompute_kinematics=True)
+    gen = torch.Generator().manual_seed(5)
+    ids = lb.sample_motion_ids(100, generator=gen)
+    times = lb.sample_times(ids, generator=gen) * 2.0
+    one = lb.sample(ids, times)
+    one_k = lb.sample_kinematics(one)
+    monkeypatch.setattr(native_blend, "_THREAD_MIN", 8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        s = lb.sample(ids, times)
+        k = lb.sample_kinematics(s)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(s.rows, one.rows) and torch.equal(k.rows, one_k.rows)
     gen = torch.Generator().manual_seed(3)
     ids = lb.sample_motion_ids(64, generator=gen)
     times = lb.sample_times(ids, generator=gen) * 2.0

@@ -41,6 +41,7 @@ __all__ = ["BlendKernel", "LocateKernel", "blend_ir", "blend_kernel", "locate_ir
 _CHUNK = 16  # values per SIMD vector
 _TAYLOR = {np.dtype(np.float32): (7, 8), np.dtype(np.float64): (12, 13)}  # terms of sin (x, x^3..), cos (1, ..)
 _AHEAD = 4  # queries between a row's prefetch and its use
+_THREAD_MIN = 16384  # fewer queries run on the calling thread
 _KERNELS: dict = {}
 _LOCK = threading.Lock()
 
@@ -278,10 +279,23 @@ class BlendKernel:
         self.from_cache = from_cache
         self._fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 7), ctypes.c_int64)(address)
 
-    def __call__(self, table, pairs, frame0, frame1, w, offsets, out) -> None:
+    def __call__(self, table, pairs, frame0, frame1, w, offsets, out, *, threads: int = 1) -> None:
+        """Blend ``n = frame0.shape[0]`` queries; with ``threads > 1`` and at least ``_THREAD_MIN`` queries, in
+        ``threads`` contiguous slices on the forward-kinematics thread pool (the calls release the GIL; each
+        query's result is the same either way)."""
         n = int(frame0.shape[0])
-        ptrs = [x.data_ptr() for x in (table, pairs, frame0, frame1, w, offsets, out)]
-        self._fn(*ptrs, n)
+        tp, pp, f0, f1, wp, op, oo = (x.data_ptr() for x in (table, pairs, frame0, frame1, w, offsets, out))
+        if threads <= 1 or n < _THREAD_MIN:
+            self._fn(tp, pp, f0, f1, wp, op, oo, n)
+            return
+        from ..kinematics.replay import run_chunks
+
+        sz, width = out.element_size(), out.shape[1]
+
+        def run(s: int, e: int) -> None:
+            self._fn(tp, pp, f0 + 8 * s, f1 + 8 * s, wp + sz * s, op + 3 * sz * s, oo + width * sz * s, e - s)
+
+        run_chunks(n, run, True, -(-n // threads))
 
 
 def blend_kernel(dtype, width: int, quat_start: int, quats: int, slerp: bool, offset_cols: int) -> BlendKernel | None:

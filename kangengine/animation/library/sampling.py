@@ -443,11 +443,16 @@ class SamplingMixin:
         :meth:`sample` makes it: the slerp reads that frame pair's angle from :func:`pair_angle_table`. On the CPU
         one compiled pass per query does all of it (:mod:`.native_blend`); elsewhere (or without llvmlite) the
         torch strategy :meth:`_blend_rows_torch` runs."""
+        import torch
+
         kern = self._native_blend(table, out, quat_cols, offsets is not None and offset_cols, frame0, blend)
+        if kern is not None and not (frame1.is_contiguous() and frame0.dtype == frame1.dtype == torch.int64):
+            kern = None
         if kern is not None:
             slerp = self.interpolation is Interpolation.SLERP
             pairs = self._pair_angles(table, quat_cols) if slerp else table
-            kern(table, pairs, frame0, frame1, blend, table if offsets is None else offsets.contiguous(), out)
+            offsets = table if offsets is None else offsets.contiguous()
+            kern(table, pairs, frame0, frame1, blend, offsets, out, threads=torch.get_num_threads())
             return
         self._blend_rows_torch(table, frame0, frame1, blend[:, None], out, quat_cols)
         if offsets is not None and offset_cols == 3:
