@@ -146,6 +146,14 @@ def _gather_rows(table, index, out) -> None:
         torch.index_select(table, 0, index, out=out)
 
 
+def _compiling() -> bool:
+    """Whether ``torch.compile`` is tracing (no data pointers there: the torch strategy runs)."""
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and bool(getattr(compiler, "is_compiling", lambda: False)())
+
+
 def _add_offsets_(positions, offsets, tile3=None) -> None:
     """``positions [n, 3 k] += offsets [n, 3]`` for each of the k bodies; with ``tile3`` (``[3, 3 k]``, k
     identity blocks side by side, the CPU strategy) as one small GEMM, else as a broadcast add."""
@@ -320,7 +328,7 @@ class SamplingMixin:
         ``None`` where the torch strategy must run."""
         import torch
 
-        if not getattr(self, "_use_native_blend", True) or self.device.type != "cpu":
+        if not getattr(self, "_use_native_blend", True) or self.device.type != "cpu" or _compiling():
             return None
         from . import native_blend
 
@@ -462,11 +470,11 @@ class SamplingMixin:
 
     def _native_blend(self, table, out, quat_cols: slice, offset_cols: int, frame0, blend):
         """The compiled blend (:func:`.native_blend.blend_kernel`) for this call, or ``None`` when the torch
-        strategy must run: not on the CPU, a tensor requiring grad or not contiguous, llvmlite missing, or
-        ``_use_native_blend`` set to ``False`` (the tests compare the two strategies)."""
+        strategy must run: not on the CPU, inside ``torch.compile``, a tensor requiring grad or not contiguous,
+        llvmlite missing, or ``_use_native_blend`` set to ``False`` (the tests compare the two strategies)."""
         import torch
 
-        if not getattr(self, "_use_native_blend", True) or table.device.type != "cpu":
+        if not getattr(self, "_use_native_blend", True) or table.device.type != "cpu" or _compiling():
             return None
         if table.requires_grad or not (table.is_contiguous() and out.is_contiguous() and frame0.is_contiguous()):
             return None
