@@ -321,7 +321,7 @@ def test_validation_figure_reads_at_a_glance_on_a_clip_that_falls(tmp_path):
 
     desc = ke.asset.load(MODEL)
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc)
-    clip = ke.io.load_bvh(_crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 150, start=10))
+    clip = ke.io.load_bvh(_crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 100, start=10))
     moved = ke.retarget.retarget_motion(clip, CONFIG, desc).motion
     motion = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved, clamp_to_limits=True).motion
     model = ke.sim.Model.from_desc(desc, layout)

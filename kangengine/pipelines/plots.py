@@ -155,7 +155,7 @@ def validation_figure(result: TrackingResult, index: int, report=None, *, thresh
         vmin=0.0,
     )
     ax.set_yticks(range(k))
-    ax.set_yticklabels([f"{result.dof_names[j]}  {rms[j]:.0f} deg" for j in top], fontsize=8)
+    ax.set_yticklabels([f"{result.dof_names[j]}  {rms[j]:.{1 if rms[j] < 10 else 0}f} deg" for j in top], fontsize=8)
     ax.set_ylabel(f"DOF error (deg)\n{k} worst of {d_all} (RMS)", fontsize=9)
     fig.colorbar(img, ax=ax, pad=0.01, fraction=0.03).set_label("deg", fontsize=8)
 
