@@ -472,17 +472,17 @@ class _deferred_interrupts:
 
 # -- Ray ------------------------------------------------------------------------------------------------------
 
-_RAY_PREPARED: list = []  # (threads, initializer, initargs) already set in this Ray worker process
+_RAY_INITIALISED: list = []  # (initializer, initargs) already run in this Ray worker process
 
 
 def _ray_call(fn: Callable, task: tuple, threads: int, initializer: Callable | None, initargs: tuple):
-    """One task in a Ray worker process: its threads and initializer set once per process, then ``fn(*task)``."""
-    key = (threads, initializer, initargs)
-    if key not in _RAY_PREPARED:
-        set_threads(threads)
-        if initializer is not None:
-            initializer(*initargs)
-        _RAY_PREPARED.append(key)
+    """One task in a Ray worker process: its torch threads set (before every task: Ray reuses worker processes
+    across tasks and may reset ``OMP_NUM_THREADS`` to the task's CPUs), the initializer run once per process,
+    then ``fn(*task)``."""
+    set_threads(threads)
+    if initializer is not None and (initializer, initargs) not in _RAY_INITIALISED:
+        initializer(*initargs)
+        _RAY_INITIALISED.append((initializer, initargs))
     return fn(*task)
 
 
