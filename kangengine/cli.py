@@ -556,9 +556,17 @@ def _preview(args) -> int:
 
 
 def _demo(args) -> int:
+    import math
+
     from .pipelines import demo
 
     _need_out_folder(args.out)
+    if args.seconds is not None and not (args.seconds > 0 and math.isfinite(args.seconds)):
+        raise _UsageError(f"{args.seconds}; expected a number of seconds > 0", item="--seconds")
+    if not (args.root_assist_hz >= 0 and math.isfinite(args.root_assist_hz)):
+        raise _UsageError(
+            f"{args.root_assist_hz}; expected a frequency >= 0 (0: no assistance)", item="--root-assist-hz"
+        )
     return demo.run(args)
 
 

@@ -294,6 +294,8 @@ def test_bad_arguments_give_one_line_and_exit_2(tmp_path, capsys):
         ["preview", npz, MODEL, "--out", tmp_path / "x.gif", "--source", tmp_path / "no_such.bvh"],
         ["demo", "--out", a_file],
         ["demo", "--renderer", "opengl"],
+        ["demo", "--seconds", "0", "--out", tmp_path / "x.demo"],
+        ["demo", "--root-assist-hz", "-1", "--out", tmp_path / "x.demo"],
     ]
     for args in cases:
         args = [str(a) for a in args]

@@ -245,12 +245,17 @@ def run_demo(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``kangengine demo [--out DIR] [--seconds S] [--root-assist-hz F] [--renderer auto|mujoco|pillow]``."""
-    parser.add_argument("--out", default="kangengine_demo", help="output folder (default ./kangengine_demo)")
-    parser.add_argument("--seconds", type=float, default=None, help="only the clip's first S seconds (quicker)")
+    parser.add_argument(
+        "--out", default="kangengine_demo", metavar="DIR", help="output folder (default ./kangengine_demo)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=None, metavar="S", help="only the clip's first S seconds (quicker)"
+    )
     parser.add_argument(
         "--root-assist-hz",
         type=float,
         default=1.0,
+        metavar="HZ",
         help="root assistance of the second validation, run only when the first rejects the clip (default 1; 0: none)",
     )
     parser.add_argument(
