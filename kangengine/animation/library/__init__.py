@@ -18,7 +18,8 @@ velocity ``(p[i+1] - p[i-1]) / (2 dt)`` and angular velocity ``log(q[i+1] q[i-1]
 frame, left-multiplicative: ``q(t + h) = exp(w h) q(t)``) inside a clip, one-sided differences at its first
 and last frame, zero for a one-frame clip; ``dt = 1 / clip fps``. Differences never cross clip boundaries.
 
-Sampling gathers the two stored frames around each query time with ``index_select`` of whole rows, lerps
+Sampling reads the two stored frames around each query time (on the CPU in one compiled pass per query that
+writes the output row once, :mod:`.native_blend`; elsewhere with ``index_select`` of whole rows), lerps
 positions and velocities, and interpolates rotations with exact slerp (the default, ``interpolation="slerp"``):
 ``slerp(q0, q1, t) = (cos(t a) - cos(a) b) q0 + b q1`` with ``b = sin(t a) / sin(a)``, ``a`` the half-angle of
 the frame pair, read from a per-frame table built once (:func:`~.sampling.pair_angle_table`, 3 floats per
@@ -41,6 +42,7 @@ The package, one idea per module (import downward: ``columns`` -> ``results`` ->
 * ``results``: :class:`MotionSample`, :class:`BodyState`, :class:`PackedMotionBuffers`, views of those rows.
 * ``packing``: canonical clips to packed rows (velocities, hemisphere continuity, the adapter's frames).
 * ``sampling``: :class:`Interpolation`, :func:`nlerp_max_error` and the sampling methods of the library.
+* ``native_blend``: the CPU strategy of sampling, compiled with llvmlite (frame pairs, then gather + blend).
 * ``fileformat``: library files (:data:`LIBRARY_FORMAT`, version :data:`LIBRARY_FORMAT_VERSION`).
 * ``core``: :class:`MotionLibrary` itself (registration, state, :meth:`~MotionLibrary.save` and
   :meth:`~MotionLibrary.load`).
