@@ -65,6 +65,7 @@ _REFINE_TOL = 1e-7  # rad: Gauss-Newton refines frames whose closed-form residua
 _CHAIN_REG = 1e-10  # redundant chains: weight of |theta|^2 (picks the smallest of equivalent angles)
 _CHUNK = 4096  # frames per block in the per-frame stage (keeps temporaries in cache)
 _SUMMARY_CHUNK = 4096  # frames per block of the limit-violation summary
+_ROT_CHUNK = 32768  # frames per block of the quaternion velocities (a few rotation calls per block)
 
 
 class SkeletonOffsetWarning(UserWarning):
@@ -897,15 +898,20 @@ class ArticulationMotionMapper:
         qd = np.empty((n, lay.nv), dtype=q.dtype) if self._tangent_covers else np.zeros((n, lay.nv), dtype=q.dtype)
         # inside: layout.difference(q[2:], q[:-2], 2 dt) block by block, written in place (no [frames, nv]
         # temporaries); the same operations, so the same values
-        for a, v0, k in runs:
-            inner = qd[1:-1, v0 : v0 + k]
-            np.subtract(q[2:, a : a + k], q[:-2, a : a + k], out=inner)
-            np.divide(inner, 2.0 * dt, out=inner)
-        for a, v0 in rots:
-            rel = R.quat_multiply(
-                R.quat_normalize(q[2:, a : a + 4]), R.quat_conjugate(R.quat_normalize(q[:-2, a : a + 4]))
-            )
-            qd[1:-1, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
+        for s in range(1, n - 1, _CHUNK):  # frame blocks: the difference is still in cache when divided
+            e = min(s + _CHUNK, n - 1)
+            for a, v0, k in runs:
+                inner = qd[s:e, v0 : v0 + k]
+                np.subtract(q[s + 1 : e + 1, a : a + k], q[s - 1 : e - 1, a : a + k], out=inner)
+                np.divide(inner, 2.0 * dt, out=inner)
+        for s in range(1, n - 1, _ROT_CHUNK):
+            e = min(s + _ROT_CHUNK, n - 1)
+            for a, v0 in rots:
+                rel = R.quat_multiply(
+                    R.quat_normalize(q[s + 1 : e + 1, a : a + 4]),
+                    R.quat_conjugate(R.quat_normalize(q[s - 1 : e - 1, a : a + 4])),
+                )
+                qd[s:e, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
         return qd

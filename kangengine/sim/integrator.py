@@ -32,9 +32,25 @@ from enum import Enum
 import torch
 
 from ..asset.desc import JointType
-from .contact import apply_point_stiffness, contact_geometry, point_stiffness_rows, point_velocities, point_wrenches
+from .contact import (
+    apply_point_stiffness,
+    contact_geometry,
+    point_stiffness_rows,
+    point_velocities,
+    point_wrenches,
+    self_contact_rows,
+)
 from .control import Control, friction_phi_derivative_over_x, friction_phi_fast
-from .dynamics import apply_inertia, composite, generalized_forces_t, joint_space_lower, rnea, spatial_inertias
+from .dynamics import (
+    apply_inertia,
+    composite,
+    generalized_forces_t,
+    joint_space_lower,
+    mass_product_t,
+    mechanical_energy_t,
+    rnea,
+    spatial_inertias,
+)
 from .kinematics import compute_frames, dof_path_sums, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
@@ -87,6 +103,14 @@ class StepResult:
         nonfinite: ``[W]`` bool, worlds that diverged in this step (now frozen): a non-finite state or
             control input, a generalized speed above the simulator's ``divergence_speed`` or a coordinate
             beyond its ``divergence_distance``. The name is kept from when only non-finite states counted.
+        energy_correction: ``[W]`` J, the change of mechanical energy this step applied at its start to meet
+            the incoming state's ``energy_budget`` (0 where none; see ``Simulator(energy_correction=...)``).
+        self_contact_depth: ``[W, P]`` m, penetration of each link-to-link pair (``model.self_pair_names``)
+            at the end of the step (> 0: overlapping; negative: the gap), ``P = 0`` unless the model has
+            ``ContactParams(self_collision=True)``.
+        self_contact_force: ``[W, P]`` N, normal force between the two links of each pair (>= 0; the
+            ground's law: ``stiffness * depth - damping * separation speed``).
+        self_contact_count: ``[W]`` long, pairs overlapping at the end of the step.
     """
 
     state: State
@@ -98,6 +122,10 @@ class StepResult:
     drive_force_requested: torch.Tensor
     drive_saturated: torch.Tensor
     nonfinite: torch.Tensor
+    energy_correction: torch.Tensor | None = None
+    self_contact_depth: torch.Tensor | None = None
+    self_contact_force: torch.Tensor | None = None
+    self_contact_count: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,6 +159,16 @@ class Simulator:
             step has diverged likewise. A world with a non-finite state or a non-finite control input
             (targets, gains, feed-forward, external forces) is frozen too: all are cheap per-world checks,
             so no absurd number ever leaves the step.
+        energy_correction: keep the energy of the conservative forces exact. Gravity and Coriolis forces
+            enter a step explicitly (at its start), which alone would let an undamped chain gain energy at
+            O(h). Each step therefore hands on ``state.energy_budget``: its starting mechanical energy plus
+            the work of every other force (drives, contacts, damping, limits, pins, external loads: the
+            impulse ``M (v - qd) + h c`` at the mean velocity ``(qd + v) / 2``, which keeps the implicit
+            dissipation of those forces); the next step scales each world's velocities by
+            ``sqrt((budget - V) / T)`` (within ``[1/2, 2]`` in energy; not where ``T`` is ~0) before it
+            starts and reports the change in ``StepResult.energy_correction``. Exact for a conservative
+            chain; for other systems it removes only the spurious part. A state without a budget
+            (``State.from_q``) is not corrected.
 
     Example::
 
@@ -151,6 +189,7 @@ class Simulator:
         solver: LinearSolver | str = LinearSolver.AUTO,
         divergence_speed: float = 1e4,
         divergence_distance: float = 1e6,
+        energy_correction: bool = True,
     ):
         if not dt > 0:
             raise ValueError(f"dt must be positive, got {dt}")
@@ -159,6 +198,7 @@ class Simulator:
                 f"divergence_speed and divergence_distance must be positive, got {divergence_speed}, "
                 f"{divergence_distance}"
             )
+        self.energy_correction = bool(energy_correction)
         self.divergence_speed = float(divergence_speed)
         self.divergence_distance = float(divergence_distance)
         try:
@@ -247,6 +287,17 @@ class Simulator:
                 self._tree = None
         if self._tree is not None:
             self._assembly = self._assembly_plan(self._tree)
+        # -- link-to-link contact pairs (quantities are [P, W]); dense rank-one rows, like the cycle rows --
+        self._has_self = m.contact.self_collision and m.num_self_pairs > 0
+        if self._has_self:
+            if self.solver is LinearSolver.TREE:
+                raise ValueError(f"{m.name}: self-collision needs solver='dense' (or 'auto')")
+            self._tree = None
+            moves = m.dof_moves_body
+            pair_body = m.self_geom_body.index_select(0, m.self_pair_geom.reshape(-1)).reshape(-1, 2)
+            self._self_sign = (
+                moves.index_select(0, pair_body[:, 0]) - moves.index_select(0, pair_body[:, 1])
+            ).contiguous()
         if self.solver is LinearSolver.TREE and self._tree is None:
             raise ValueError(
                 f"{m.name}: a joint-space coupling row (fixed tendon or mimic joint) joins two branches of the "
@@ -282,8 +333,16 @@ class Simulator:
         s = fr.motion
         inertia = spatial_inertias(m, fr)
         qd_t = qd.t().contiguous()
-        twists = []
-        force = rnea(m, fr, inertia, qd_t, None, twists_out=twists, dof_major=True).neg_()  # -c(q, qd)
+        tw0 = dof_path_sums(m, fr.motion_stack * qd_t[:, None, :])  # [B, 6, W] body twists
+        energy_fix = kin0 = pot0 = None
+        if self.energy_correction:
+            kin0, pot0 = mechanical_energy_t(m, fr, inertia, tw0, qd_t)
+            if state.energy_budget is not None:
+                scale, energy_fix = self._energy_scale(state, kin0, pot0)
+                qd_t, tw0, kin0 = qd_t * scale, tw0 * scale, kin0 + energy_fix
+        twists = [tw0]
+        bias = rnea(m, fr, inertia, qd_t, None, twists=tw0, dof_major=True)  # c(q, qd)
+        force = -bias
         if control.tau_external is not None:
             force = force.add_(control.tau_external.t())
         drive = self._drive(control, q, w)
@@ -316,7 +375,6 @@ class Simulator:
             u = point_velocities(m, tw, offset)  # linear in v: updated below, never recomputed
             nb = m.num_bodies
             body_base = torch.cat([torch.stack(inertia, dim=1), inertia[0].new_zeros(nb, 12, w)], dim=1)  # [B, 22, W]
-            points = torch.empty(m.num_contact_points, 22, w, dtype=m.dtype, device=m.device)
         else:
             mass_applied = apply_inertia(composite(m, inertia), s)
             if tree:
@@ -331,6 +389,10 @@ class Simulator:
             tw_q = dof_path_sums(m, fr.motion_stack * dvq[:, None, :]).unbind(1)
             mvq = generalized_forces_t(m, s, apply_inertia(inertia, tw_q)).addcmul_(self._armature, dvq)
         pending = None
+        srow = None
+        if self._has_self:  # link-to-link pairs, linearised at q like the ground contact
+            srow = self_contact_rows(m, fr, self._self_sign)
+            srate = torch.einsum("pjw,jw->pw", srow.direction, v)  # separation speeds, linear in v
 
         for it in range(self.iterations):
             last = it == self.iterations - 1
@@ -338,7 +400,7 @@ class Simulator:
             grad = grad.add_(mvq).add_(force, alpha=-h)
             caux = None
             if self._has_contact:
-                caux = self._contact_terms(u, depth0, depth_reach, offset, neg_offset, pending, points)
+                points, caux = self._contact_terms(u, depth0, depth_reach, offset, neg_offset, pending)
                 body = body_base.clone().index_add_(0, m.contact_point_body, points)
                 comp_t = subtree_sums_(m, body).index_select(0, m.dof_body)  # [nv, 22, W]
                 grad = grad.sub_((fr.motion_stack * comp_t[:, 16:]).sum(1))  # J^T (h f - pending)
@@ -362,6 +424,10 @@ class Simulator:
                     hess.index_add_(0, self._coupling_pos_tree, cvals)
                 else:
                     hess.mT.reshape(w, -1).index_add_(1, self._coupling_pos_t, cvals.t())
+            if srow is not None:
+                sgrad, shess, sk, sact = self._self_terms(srow, srate)
+                grad = grad.add_(sgrad)
+                hess = hess + shess
             if pinned is not None:
                 grad = grad.mul_(free_t)
                 if tree:
@@ -381,8 +447,12 @@ class Simulator:
                 du = None
             if coup is not None:
                 coup = coup + (self._coupling @ dv,)  # (activity, weight, C v, C dv)
+            if srow is not None:
+                srate_dv = torch.einsum("pjw,jw->pw", srow.direction, dv)
             if last and not self._line_search:  # the full step; nothing else is needed
                 v = v.add(dv)
+                if srow is not None:
+                    srate = srate + srate_dv
                 if self._has_contact:
                     u = tuple(a + b for a, b in zip(u, du))
                 continue
@@ -392,6 +462,8 @@ class Simulator:
             mdv = grad.add(hd * dv)
             if coup is not None:
                 mdv = mdv.add_(self._coupling_t @ (coup[1] * coup[3]))
+            if srow is not None:
+                mdv = mdv.add_(torch.einsum("pjw,pw->jw", srow.direction, sk * srate_dv))
             mdv = mdv.neg_()
             kdu = None
             dmd = (dv * mdv).sum(0)
@@ -403,6 +475,10 @@ class Simulator:
                 de = (dv * torch.add(mvq, force, alpha=-h)).sum(0) + 0.5 * dmd
                 if pending is not None:
                     de = de + (pending[0] * du[0] + pending[1] * du[1] + pending[2] * du[2]).sum(0)
+                if srow is not None:
+                    de = de + (
+                        self._self_energy(srow, srate + srate_dv, sact) - self._self_energy(srow, srate, sact)
+                    ).sum(0)
                 alpha = self._step_length(v, dv, grad, de, qs, drive, jaux, coup, coupling_q, u, du, depth0, caux)
                 a_row = alpha[None, :]
             else:
@@ -410,6 +486,8 @@ class Simulator:
             v = v + a_row * dv
             if self._has_contact:
                 u = tuple(a + a_row * b for a, b in zip(u, du))
+            if srow is not None:
+                srate = srate + a_row * srate_dv
             if not last:
                 mvq = mvq + a_row * mdv
                 if self._has_contact:  # - alpha K du, mapped with the next iteration's contact forces
@@ -438,6 +516,18 @@ class Simulator:
         else:
             z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
             normal, friction, cdepth, cpos = z, z[..., None].expand(-1, -1, 2), z, z[..., None].expand(-1, -1, 3)
+        if srow is not None:
+            cp = m.contact
+            sdepth = srow.depth - h * srate
+            sforce = torch.clamp(cp.stiffness * sdepth - cp.damping * srate, min=0.0) * (sdepth > 0).to(m.dtype)
+            self_out = (sdepth.t().contiguous(), sforce.t().contiguous(), (sdepth > 0).sum(0))
+        else:
+            z = torch.zeros(w, 0, dtype=m.dtype, device=m.device)
+            self_out = (z, z, torch.zeros(w, dtype=torch.long, device=m.device))
+        budget = None
+        if self.energy_correction:  # E(q, qd) + the work of the other forces at the mean velocity
+            impulse = mass_product_t(m, fr, inertia, v - qd_t).add_(bias, alpha=h)  # M (v - qd) + h c
+            budget = kin0 + pot0 + (0.5 * (qd_t + v) * impulse).sum(0)
         v_w = v.t()
         q_new = m.layout.integrate(q, v_w, h)
         # |x| <= bound is False for NaN and inf: one comparison per entry flags every kind of divergence
@@ -449,8 +539,16 @@ class Simulator:
         newly = frozen & ~state.frozen
         q_out = torch.where(frozen[:, None], q, q_new)
         v_out = torch.where(frozen[:, None], qd, v_w).contiguous()
+        if budget is not None:
+            budget = torch.where(frozen, kin0 + pot0, budget)
+        if energy_fix is None:
+            energy_fix = torch.zeros(w, dtype=m.dtype, device=m.device)
         return StepResult(
-            state=State(q=q_out, qd=v_out, frozen=frozen),
+            state=State(q=q_out, qd=v_out, frozen=frozen, energy_budget=budget),
+            energy_correction=energy_fix,
+            self_contact_depth=self_out[0],
+            self_contact_force=self_out[1],
+            self_contact_count=self_out[2],
             contact_normal_force=normal,
             contact_friction_force=friction,
             contact_depth=cdepth,
@@ -460,6 +558,35 @@ class Simulator:
             drive_saturated=saturated.t().contiguous(),
             nonfinite=newly,
         )
+
+    def _self_terms(self, srow, rate):
+        """Gradient ``[nv, W]``, Hessian ``[W, nv, nv]`` (exact: rank one per pair), curvature ``[P, W]`` and
+        lagged activity ``[P, W]`` of the link-to-link penalties at separation speeds ``rate [P, W]``:
+        energy ``stiffness/2 depth^2 + h damping/2 act rate^2`` with ``depth = depth0 - h rate`` (the ground's
+        normal law along the pair's normal)."""
+        cp, h = self.model.contact, self.dt
+        depth = srow.depth - h * rate
+        act = (depth > 0).to(rate.dtype)
+        lam = cp.stiffness * torch.clamp(depth, min=0.0) - cp.damping * act * rate
+        near = (srow.depth + h * rate.abs() + self._reach > 0).to(rate.dtype)  # could touch within the step
+        curv = near * self._kn_const
+        grad = torch.einsum("pjw,pw->jw", srow.direction, -h * lam)
+        hess = torch.einsum("piw,pjw->wij", srow.direction * curv[:, None, :], srow.direction)
+        return grad, hess, curv, act
+
+    def _self_energy(self, srow, rate, act):
+        """``[P, W]`` energy of the link-to-link penalties at separation speeds ``rate`` (lagged activity)."""
+        cp, h = self.model.contact, self.dt
+        pen = torch.clamp(srow.depth - h * rate, min=0.0)
+        return 0.5 * cp.stiffness * pen * pen + (0.5 * h * cp.damping) * act * rate * rate
+
+    def _energy_scale(self, state: State, kin: torch.Tensor, pot: torch.Tensor):
+        """Per world, the velocity scale ``[1, W]`` that meets ``state.energy_budget`` (1 where frozen, at
+        rest or non-finite) and the kinetic-energy change ``[W]`` J it makes."""
+        ratio = (state.energy_budget - pot) / torch.clamp(kin, min=1e-30)
+        ok = (kin > 1e-9) & torch.isfinite(ratio) & ~state.frozen
+        ratio = torch.where(ok, torch.clamp(ratio, 0.5, 2.0), 1.0)
+        return torch.sqrt(ratio)[None, :], kin * (ratio - 1.0)
 
     # -- terms --------------------------------------------------------------------------------------------
     def solver_for(self, num_worlds: int, device: torch.device | str | None = None) -> LinearSolver:
@@ -598,11 +725,11 @@ class Simulator:
         weight = self._c_curv * act
         return self._coupling_t @ force, (act, weight, rate), self._coupling_outer_t @ weight
 
-    def _contact_terms(self, u, depth0, depth_reach, offset, neg_offset, pending, out):
+    def _contact_terms(self, u, depth0, depth_reach, offset, neg_offset, pending):
         """Contact point forces at the current iterate (times ``h``, less the pending ``alpha K du`` of
-        earlier iterations) and the point-stiffness features of the Newton model, written into ``out
-        [C, 22, W]`` (16 features, see :func:`~kangengine.sim.contact.point_stiffness_rows`, then the
-        spatial force: moment about the reference origin, force). Returns the lagged quantities the line
+        earlier iterations) and the point-stiffness features of the Newton model, ``points [C, 22, W]``
+        (16 features, see :func:`~kangengine.sim.contact.point_stiffness_rows`, then the spatial force:
+        moment about the reference origin, force). Returns ``points`` and the lagged quantities the line
         search keeps fixed, the curvatures and the contact energy at ``u``:
         ``(act, h mu lambda, k_tangent, k_normal, energy [C, W])``."""
         m, h = self.model, self.dt
@@ -621,19 +748,16 @@ class Simulator:
         kn = (torch.add(depth_reach, uz.abs(), alpha=h) > 0).to(m.dtype).mul_(self._kn_const)
         energy = (pen * pen).mul_(0.5 * cp.stiffness).addcmul_(damp, uz, value=0.5 * h * cp.damping)
         energy = energy.addcmul_(mlh, friction_phi_fast(slip, cp.falloff_vel, self._c_ratio, self._c_stribeck))
-        o = out.unbind(1)
-        point_stiffness_rows(offset, neg_offset, kt, kn, o[:16])
+        feats = point_stiffness_rows(offset, neg_offset, kt, kn)
         # spatial force of h f (friction -h fw u_t = -kt u_t, normal h fz) less the pending K du
         if pending is None:
-            fx = torch.mul(kt, ux, out=o[19]).neg_()
-            fy = torch.mul(kt, uy, out=o[20]).neg_()
-            fzh = torch.mul(fz, h, out=o[21])
+            fx, fy, fzh = -(kt * ux), -(kt * uy), fz * h
         else:
-            fx = torch.addcmul(pending[0], kt, ux, out=o[19]).neg_()
-            fy = torch.addcmul(pending[1], kt, uy, out=o[20]).neg_()
-            fzh = torch.sub(fz.mul_(h), pending[2], out=o[21])
-        point_wrenches(offset, (fx, fy, fzh), o[16:])
-        return act, mlh, kt, kn, energy
+            fx = -torch.addcmul(pending[0], kt, ux)
+            fy = -torch.addcmul(pending[1], kt, uy)
+            fzh = fz * h - pending[2]
+        points = torch.stack(feats + point_wrenches(offset, (fx, fy, fzh)), dim=1)  # [C, 22, W]
+        return points, (act, mlh, kt, kn, energy)
 
     def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, coupling_q, u, du, depth0, caux):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough

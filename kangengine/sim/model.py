@@ -70,6 +70,12 @@ class ContactParams:
         stribeck_vel: m/s.
         ground_height: m, height of the ground plane.
         enabled: ``False`` disables ground contact.
+        self_collision: simulate link-to-link contact (off by default): every pair of collision geoms on
+            two links that may collide (MuJoCo's ``contype``/``conaffinity`` rule, not parent and child, not
+            welded together, not in the file's ``<exclude>``; ``Model.collision_filter_pairs``) gets the
+            same normal law as the ground (``stiffness``, ``damping``; no friction) inside the implicit
+            step. Spheres and capsules are exact; a box, cylinder or ellipsoid is approximated by the capsule
+            along its longest axis whose radius is the larger of its other two half-sizes.
     """
 
     stiffness: float = 5e4
@@ -80,6 +86,7 @@ class ContactParams:
     stribeck_vel: float = 0.0
     ground_height: float = 0.0
     enabled: bool = True
+    self_collision: bool = False
 
 
 PerDof = float | Sequence[float] | np.ndarray | Mapping[str, float] | None
@@ -128,6 +135,11 @@ class Model:
         collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
         links welded by fixed joints or joined through a link without geometry, and the file's
         exclusions).
+    Self-collision (``G`` geoms as segments with a radius, ``P`` pairs; empty unless
+    ``ContactParams.self_collision``):
+        self_geom_body ``[G]``; self_geom_center ``[G, 3]`` m and self_geom_axis ``[G, 3]`` m (segment centre
+        and half-segment vector, body frame; zero for a sphere); self_geom_radius ``[G]`` m; self_geom_names
+        ``G`` names; self_pair_geom ``[P, 2]`` long (geom indices); self_pair_names ``P`` ``(geom, geom)``.
     Derived:
         has_ball_friction: some ball joint has dry friction; step_cache: :class:`StepCache`, the layouts
         of these tensors that the step's maths reads, rebuilt with every new model (also by
@@ -188,6 +200,13 @@ class Model:
     coupling_damping: torch.Tensor = None
     coupling_names: tuple[str, ...] = ()
     has_ball_friction: bool = False
+    self_geom_body: torch.Tensor = None
+    self_geom_center: torch.Tensor = None
+    self_geom_axis: torch.Tensor = None
+    self_geom_radius: torch.Tensor = None
+    self_geom_names: tuple[str, ...] = ()
+    self_pair_geom: torch.Tensor = None
+    self_pair_names: tuple[tuple[str, str], ...] = ()
     step_cache: StepCache = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -214,6 +233,11 @@ class Model:
     def num_contact_points(self) -> int:
         """``C``: number of contact points (every sphere, capsule end, box corner, cylinder rim point)."""
         return int(self.contact_point_body.shape[0])
+
+    @property
+    def num_self_pairs(self) -> int:
+        """``P``: number of link-to-link contact pairs (0 unless ``ContactParams.self_collision``)."""
+        return 0 if self.self_pair_geom is None else int(self.self_pair_geom.shape[0])
 
     @property
     def total_mass(self) -> float:
@@ -417,6 +441,7 @@ class Model:
         cdata = _contact_points(desc, contact)
         coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
         filter_pairs = _collision_filter(desc)
+        sdata = _self_contact(desc, filter_pairs, contact)
 
         return cls(
             layout=layout,
@@ -466,6 +491,13 @@ class Model:
             contact=contact,
             skipped_geoms=cdata["skipped"],
             collision_filter_pairs=filter_pairs,
+            self_geom_body=ti(sdata["body"]),
+            self_geom_center=t(sdata["center"]).reshape(-1, 3),
+            self_geom_axis=t(sdata["axis"]).reshape(-1, 3),
+            self_geom_radius=t(sdata["radius"]),
+            self_geom_names=sdata["names"],
+            self_pair_geom=ti(sdata["pairs"]).reshape(-1, 2),
+            self_pair_names=sdata["pair_names"],
             coupling_matrix=t(coup["matrix"]),
             coupling_lower=t(coup["lower"]),
             coupling_upper=t(coup["upper"]),
@@ -513,6 +545,8 @@ class StepCache:
             axis.
         contact_point_local_t: 3 x ``[C, 1]`` the components of ``contact_point_local``.
         contact_radius_c: ``[C, 1]`` column of ``contact_radius``.
+        self_geom_center_t, self_geom_axis_t: 3 x ``[G, 1]`` the components of ``self_geom_center`` and
+            ``self_geom_axis``; self_geom_radius_c: ``[G, 1]`` column of ``self_geom_radius``.
     """
 
     gravity_t: tuple[float, float, float]
@@ -526,6 +560,9 @@ class StepCache:
     dof_is_linear_c: torch.Tensor
     contact_point_local_t: tuple[torch.Tensor, ...]
     contact_radius_c: torch.Tensor
+    self_geom_center_t: tuple[torch.Tensor, ...] = ()
+    self_geom_axis_t: tuple[torch.Tensor, ...] = ()
+    self_geom_radius_c: torch.Tensor | None = None
 
     @classmethod
     def from_model(cls, model: Model) -> StepCache:
@@ -547,6 +584,9 @@ class StepCache:
             dof_is_linear_c=col(model.dof_linear_axis.abs().sum(1) > 0).to(model.dtype),
             contact_point_local_t=comps(model.contact_point_local, 3),
             contact_radius_c=col(model.contact_radius),
+            self_geom_center_t=comps(model.self_geom_center, 3) if model.self_geom_center is not None else (),
+            self_geom_axis_t=comps(model.self_geom_axis, 3) if model.self_geom_axis is not None else (),
+            self_geom_radius_c=col(model.self_geom_radius) if model.self_geom_radius is not None else None,
         )
 
 
@@ -560,11 +600,19 @@ class State:
         qd: ``[W, nv]`` generalized velocities, canonical tangent convention.
         frozen: ``[W]`` bool: worlds whose state became non-finite; they keep their last finite state and
             are no longer advanced (clear the flag to resume a world after resetting it).
+        energy_budget: ``[W]`` J or ``None``: the mechanical energy (kinetic plus gravitational) this state
+            should hold, set by the step that produced it: the energy at that step's start plus the work its
+            non-conservative and external forces did over the step (at the mean velocity). The next step
+            scales the velocities of each world to meet it (removing the spurious energy of explicit gravity
+            and Coriolis forces; see :class:`~kangengine.sim.Simulator` ``energy_correction``). ``None`` for
+            a state built from coordinates; after editing ``q`` or ``qd`` of a stepped state, rebuild it
+            (or drop the budget) so the edit is not undone.
     """
 
     q: torch.Tensor
     qd: torch.Tensor
     frozen: torch.Tensor
+    energy_budget: torch.Tensor | None = None
 
     @property
     def num_worlds(self) -> int:
@@ -766,6 +814,60 @@ def _couplings(desc, layout, k_tendon, d_tendon, k_mimic, d_mimic) -> dict:
         "stiffness": np.array(out["stiffness"], dtype=np.float64),
         "damping": np.array(out["damping"], dtype=np.float64),
         "names": tuple(out["names"]),
+    }
+
+
+def _self_segment(g) -> tuple[np.ndarray, float] | None:
+    """Half-segment vector (geom frame) and radius of a geom as a capsule, or None (meshes, planes)."""
+    s = np.asarray(g.size, dtype=np.float64)
+    if g.type is GeomType.SPHERE:
+        return np.zeros(3), float(s[0])
+    if g.type in (GeomType.CAPSULE, GeomType.CYLINDER):
+        return np.array([0.0, 0.0, float(s[1])]), float(s[0])
+    if g.type in (GeomType.BOX, GeomType.ELLIPSOID):  # the capsule along the longest axis
+        k = int(np.argmax(s[:3]))
+        r = float(max(s[i] for i in range(3) if i != k))
+        axis = np.zeros(3)
+        axis[k] = max(float(s[k]) - r, 0.0)
+        return axis, r
+    return None
+
+
+def _self_contact(desc: ArticulationDesc, filter_pairs, contact: ContactParams) -> dict:
+    """Segment geoms and the pairs that may collide (see ``ContactParams.self_collision``)."""
+    body, center, axis, radius, names, masks = [], [], [], [], [], []
+    if contact.self_collision:
+        for g in desc.geoms:
+            if g.body < 0 or not g.collides:
+                continue
+            seg = _self_segment(g)
+            if seg is None:
+                continue
+            rot = R.quat_to_matrix(np.asarray(g.quat_wxyz, dtype=np.float64))
+            body.append(g.body)
+            center.append(np.asarray(g.pos, dtype=np.float64))
+            axis.append(rot @ seg[0])
+            radius.append(seg[1])
+            names.append(g.name)
+            masks.append((int(g.contype), int(g.conaffinity)))
+    bodies = desc.body_names
+    skip = {frozenset(p) for p in filter_pairs}
+    pairs = []
+    for a in range(len(body)):
+        for b in range(a + 1, len(body)):
+            if body[a] == body[b] or frozenset((bodies[body[a]], bodies[body[b]])) in skip:
+                continue
+            if not ((masks[a][0] & masks[b][1]) or (masks[b][0] & masks[a][1])):
+                continue
+            pairs.append((a, b))
+    return {
+        "body": np.array(body, dtype=np.int64),
+        "center": np.array(center, dtype=np.float64).reshape(-1, 3),
+        "axis": np.array(axis, dtype=np.float64).reshape(-1, 3),
+        "radius": np.array(radius, dtype=np.float64),
+        "names": tuple(names),
+        "pairs": np.array(pairs, dtype=np.int64).reshape(-1, 2),
+        "pair_names": tuple((names[a], names[b]) for a, b in pairs),
     }
 
 
