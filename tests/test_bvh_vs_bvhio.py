@@ -180,3 +180,16 @@ def test_fast_hierarchy_parser_on_mutated_headers_agrees_or_defers(rel):
         assert _nodes_equal(fast, slow)
         outcomes["same"] += 1
     assert outcomes["same"] > 10 and outcomes["deferred"] > 10
+
+
+@pytest.mark.parametrize("rel", ["bvh/cmu/02_01_cgspeed_walk.bvh", "bvh/bandai_namco_ccbync/dataset-1_walk_normal_001.bvh"])
+def test_reading_without_the_native_parser_gives_the_same_motion(monkeypatch, rel):
+    """No llvmlite (or a failed build): numpy's reader parses the rows; the motion is the same to the bit in
+    float64 (both parsers round each decimal correctly)."""
+    path = DATA / rel
+    fast = load_bvh(path, dtype=np.float64)
+    monkeypatch.setattr(_decimal, "_kernel", False)
+    slow = load_bvh(path, dtype=np.float64)
+    np.testing.assert_array_equal(np.asarray(fast.local_rotation), np.asarray(slow.local_rotation))
+    np.testing.assert_array_equal(np.asarray(fast.root_translation), np.asarray(slow.root_translation))
+    assert fast.metadata == slow.metadata
