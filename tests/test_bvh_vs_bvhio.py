@@ -182,7 +182,10 @@ def test_fast_hierarchy_parser_on_mutated_headers_agrees_or_defers(rel):
     assert outcomes["same"] > 10 and outcomes["deferred"] > 10
 
 
-@pytest.mark.parametrize("rel", ["bvh/cmu/02_01_cgspeed_walk.bvh", "bvh/bandai_namco_ccbync/dataset-1_walk_normal_001.bvh"])
+NATIVE_AND_NUMPY = ["bvh/cmu/02_01_cgspeed_walk.bvh", "bvh/bandai_namco_ccbync/dataset-1_walk_normal_001.bvh"]
+
+
+@pytest.mark.parametrize("rel", NATIVE_AND_NUMPY)
 def test_reading_without_the_native_parser_gives_the_same_motion(monkeypatch, rel):
     """No llvmlite (or a failed build): numpy's reader parses the rows; the motion is the same to the bit in
     float64 (both parsers round each decimal correctly)."""
