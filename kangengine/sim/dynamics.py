@@ -46,6 +46,8 @@ __all__ = [
     "composite",
     "joint_space_lower",
     "generalized_forces_t",
+    "mass_product_t",
+    "mechanical_energy_t",
 ]
 
 
@@ -171,6 +173,35 @@ def generalized_forces_t(model: Model, motion: Comps, body_force: Comps) -> torc
     return out
 
 
+def mass_product_t(model: Model, fr: Frames, inertia: Comps, x_t: torch.Tensor) -> torch.Tensor:
+    """``[nv, W]``: ``M(q) x`` for DOF-major ``x_t [nv, W]`` at the configuration of ``fr`` (one pass down
+    and one up the tree, joint inertia included; no matrix is formed)."""
+    tw = dof_path_sums(model, fr.motion_stack * x_t[:, None, :]).unbind(1)
+    out = generalized_forces_t(model, fr.motion, apply_inertia(inertia, tw))
+    return out.addcmul_(model.dof_armature[:, None], x_t)
+
+
+def mechanical_energy_t(
+    model: Model, fr: Frames, inertia: Comps, twists: torch.Tensor, qd_t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(kinetic [W], gravitational [W])`` J at the configuration of ``fr`` (:func:`kinetic_energy` and
+    :func:`potential_energy` from quantities a step already has).
+
+    Args:
+        inertia: :func:`spatial_inertias`; twists: ``[B, 6, W]`` body twists of ``qd_t`` (``[nv, W]``).
+    """
+    tw = twists.unbind(1)
+    kin = 0.5 * (torch.stack(tw, 1) * torch.stack(apply_inertia(inertia, tw), 1)).sum((0, 1))
+    kin = kin + 0.5 * (model.dof_armature[:, None] * qd_t * qd_t).sum(0)
+    sc = model.step_cache
+    gx, gy, gz = sc.gravity_t
+    mg = sc.body_mass_c * sc.body_gravity_c  # [B, 1]
+    first = (inertia[1] * gx + inertia[2] * gy + inertia[3] * gz) * sc.body_gravity_c  # m g . c (about origin)
+    ox, oy, oz = fr.origin
+    pot = -(first.sum(0) + mg.sum() * (ox[0] * gx + oy[0] * gy + oz[0] * gz))
+    return kin, pot
+
+
 def _gravity_forces(model: Model, inertia: Comps) -> Comps:
     """6 x ``[B, W]`` spatial gravity force on every body (off where ``body_gravity`` is 0)."""
     scale = model.step_cache.body_gravity_c
@@ -194,6 +225,7 @@ def rnea(
     gravity: bool = True,
     twists_out: list | None = None,
     dof_major: bool = False,
+    twists: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Recursive Newton-Euler at the configuration of ``fr`` (no shape checks): ``tau = M qdd + c(q, qd)``.
 
@@ -202,6 +234,7 @@ def rnea(
         qd, qdd: ``[W, nv]`` (``[nv, W]`` with ``dof_major``); ``qdd = None``: zero.
         gravity: include gravity in ``c``.
         twists_out: a list to which the body twists ``[B, 6, W]`` are appended.
+        twists: the body twists ``[B, 6, W]`` of ``qd`` when the caller has them (one pass fewer).
     Returns:
         ``[W, nv]`` N m / N (``[nv, W]`` with ``dof_major``).
     """
@@ -210,7 +243,7 @@ def rnea(
     sv_stack = fr.motion_stack * qd_t[:, None, :]  # [nv, 6, W]
     n, k, w = sv_stack.shape
     sv = sv_stack.unbind(1)
-    vel_stack = dof_path_sums(model, sv_stack)  # [B, 6, W]
+    vel_stack = dof_path_sums(model, sv_stack) if twists is None else twists  # [B, 6, W]
     vel = vel_stack.unbind(1)
     if twists_out is not None:
         twists_out.append(vel_stack)

@@ -17,9 +17,12 @@ the tree are matrix products ``[m, n] @ [n, W]``.
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from ..errors import ShapeError
@@ -186,15 +189,72 @@ def rotate(rot: Comps, v) -> Comps:
     return (r00 * vx + r01 * vy + r02 * vz, r10 * vx + r11 * vy + r12 * vz, r20 * vx + r21 * vy + r22 * vz)
 
 
+_NATIVE_JOINT_FRAMES: dict = {}  # (joint-frames program, numpy dtype) -> native kernel or None (unavailable)
+
+
+def _native_joint_frames(model: Model, q: torch.Tensor):
+    """``(body_pos [W, B, 3], body_quat [W, B, 4], joint_pos [W, S, 3], dof_axes [W, nv, 3])`` from the
+    foundation's joint-frames program compiled to machine code (:mod:`kangengine.animation.kinematics.native`,
+    built once per machine and cached on disk), or ``None`` where that is not possible (not on the CPU,
+    autograd, inside ``torch.compile``, no llvmlite). The program is the same one the Python replay runs,
+    so the results agree to rounding; per-op overhead is gone (the replay is thousands of small ops)."""
+    if q.device.type != "cpu" or q.requires_grad or torch.compiler.is_compiling():
+        return None
+    if os.environ.get("KANGENGINE_FK_BACKEND", "auto").strip().lower() == "numpy":  # the foundation's policy
+        return None
+    kin = model.layout.kinematics
+    prog = kin._traced_joint_frames()
+    key = (id(prog), q.dtype)
+    if key not in _NATIVE_JOINT_FRAMES:
+        kern = None
+        try:
+            from ..animation.kinematics import native
+
+            if native.available():
+                dt = np.float32 if q.dtype == torch.float32 else np.float64
+                kern = native.compile_trace(prog.trace, ("qt",), dt)
+        except Exception as exc:  # recorded once; the replay runs instead
+            warnings.warn(
+                f"kangengine.sim: native forward kinematics unavailable ({exc}); using the replay", stacklevel=3
+            )
+        _NATIVE_JOINT_FRAMES[key] = (prog, kern)  # prog kept alive so its id stays unique
+    kern = _NATIVE_JOINT_FRAMES[key][1]
+    if kern is None:
+        return None
+    from ..animation.kinematics import native
+    from ..animation.kinematics.replay import array_namespace
+
+    plan = kin.plan
+    n, nb = q.shape[0], plan.num_bodies
+    ns = sum(len(st) for st in plan.steps)
+    outs = [q.new_empty(n, a, b) for a, b in ((nb, 3), (nb, 4), (ns, 3), (ns, 4), (model.nv, 3))]
+    q = q.contiguous()
+
+    def fallback(s, e):  # frames whose angles left the kernel's exact sin/cos range: the replay
+        prog(q[s:e].T.contiguous(), array_namespace(q), *outs, s, e)
+
+    native.run_kernel(kern, [q], outs, n, fallback, chunk=16384)
+    return outs[0], outs[1], outs[2], outs[4]
+
+
 def compute_frames(model: Model, q: torch.Tensor) -> Frames:
     """Forward kinematics plus the spatial motion of every DOF at ``q [W, nq]`` (no shape checks)."""
-    jf = model.layout.kinematics.joint_frames(q)
-    body_quat = jf.body_rotations_wxyz
-    bp = _soa(jf.body_positions)
+    native_out = _native_joint_frames(model, q)
+    if native_out is None:
+        jf = model.layout.kinematics.joint_frames(q)
+        body_pos, body_quat, joint_pos, dof_axes = (
+            jf.body_positions,
+            jf.body_rotations_wxyz,
+            jf.joint_positions,
+            jf.dof_axes,
+        )
+    else:
+        body_pos, body_quat, joint_pos, dof_axes = native_out
+    bp = _soa(body_pos)
     origin = tuple(c[:1] for c in bp)
     rot = _quat_matrix(*_soa(body_quat))
-    axes = _soa(jf.dof_axes)
-    anchor = gather(_soa(jf.joint_positions), model.dof_step)
+    axes = _soa(dof_axes)
+    anchor = gather(_soa(joint_pos), model.dof_step)
     ja = tuple(a - o for a, o in zip(anchor, origin))
     ang = tuple(c * model.step_cache.dof_is_angular_c for c in axes)
     lin = tuple(c * model.step_cache.dof_is_linear_c + x for c, x in zip(axes, cross(ja, ang)))
