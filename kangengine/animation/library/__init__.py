@@ -22,8 +22,8 @@ Sampling reads the two stored frames around each query time (on the CPU in one c
 writes the output row once, :mod:`.native_blend`; elsewhere with ``index_select`` of whole rows), lerps
 positions and velocities, and interpolates rotations with exact slerp (the default, ``interpolation="slerp"``):
 ``slerp(q0, q1, t) = (cos(t a) - cos(a) b) q0 + b q1`` with ``b = sin(t a) / sin(a)``, ``a`` the half-angle of
-the frame pair, read from a per-frame table built once (:func:`~.sampling.pair_angle_table`, 3 floats per
-quaternion per frame), so a query costs one ``sin`` and one ``cos`` per quaternion and no branch. The stored
+the frame pair, read from a per-frame table built once (:func:`~.sampling.pair_angle_table`, one float per
+quaternion per frame), so a query costs two ``sin`` and two ``cos`` per quaternion and no branch. The stored
 quaternions are made hemisphere-continuous along each clip at registration (``q`` and ``-q`` are the same
 rotation). ``interpolation="nlerp"`` blends the whole row with one ``torch.lerp`` and renormalises; between two
 neighbouring mocap frames it differs from slerp by at most ``nlerp_max_error(theta) ~= theta**3 / (144 sqrt(3))``

@@ -15,10 +15,10 @@ Per query ``i`` with ``t = w[i]`` (in ``[0, 1]``), rows ``a = table[frame0[i]]``
 * every column outside the quaternions: ``torch.lerp``'s formula, ``a + t (b - a)`` for ``t < 0.5`` else
   ``b - (b - a)(1 - t)`` (so ``t = 0`` gives ``a`` and ``t = 1`` gives ``b`` exactly), plus the query's loop
   offset ``off[i, c mod 3]`` on the position columns ``[0, P)`` when offsets are given;
-* slerp: ``(cos(t h) - s cos(h) u) q0 + u q1`` with ``u = sin(t h) s / sin(h)``, ``h``, ``s / sin h`` and
-  ``s cos h`` read from the frame pair's row of :func:`~.sampling.pair_angle_table`; ``sin`` and ``cos`` of
-  ``x = t h`` in ``[0, pi/2]`` by their Taylor series to a term below the dtype's resolution there (degree 13/14
-  in float32, 23/24 in float64), evaluated by Horner's rule in ``x**2``;
+* slerp: ``(cos(t h) - s cos(h) u) q0 + u q1`` with ``u = sin(t h) s / sin(h)``, ``s h`` read from the frame
+  pair's row of :func:`~.sampling.pair_angle_table` (one value per quaternion); ``sin`` and ``cos`` of ``h`` and
+  of ``t h`` (both in ``[0, pi/2]``) by their Taylor series to a term below the dtype's resolution there (degree
+  13/14 in float32, 23/24 in float64), evaluated by Horner's rule in the argument squared;
 * nlerp: the lerp, then each quaternion divided by its norm.
 
 Queries run one after another, the columns in SIMD vectors of up to 16 values; there is no branch on the data, no
@@ -121,6 +121,7 @@ def blend_ir(dtype, width: int, quat_start: int, quats: int, slerp: bool, offset
     e = _Emitter(dt)
     T = e.T
     k, qc, D = quats, quat_start, width
+    sfx = lambda w: f"v{w}{'f32' if e.f32 else 'f64'}"  # noqa: E731 (intrinsic name suffix)
     r0, r1, o = "%row0", "%row1", "%orow"
     off4 = None
     if offset_cols:
@@ -157,7 +158,12 @@ def blend_ir(dtype, width: int, quat_start: int, quats: int, slerp: bool, offset
         cos_c = [(-1) ** i / math.factorial(2 * i) for i in range(nc)]
         for j0, kw in _pieces(0, k):
             V = e.vt(kw)
-            h, sf, cf = (e.load("%prow", j0 + part * k, kw) for part in range(3))
+            hs = e.load("%prow", j0, kw)  # s h: the pair's half-angle signed for the shorter arc
+            h = e.emit(f"call {V} @llvm.fabs.{sfx(kw)}({V} {hs})")
+            sg = e.emit(f"call {V} @llvm.copysign.{sfx(kw)}({V} {e.splat(1.0, kw)}, {V} {hs})")
+            zh = e.emit(f"fmul {V} {h}, {h}")
+            sf = e.emit(f"fdiv {V} {sg}, {e.emit(f'fmul contract {V} {h}, {_horner(e, zh, sin_c, kw)}')}")
+            cf = e.emit(f"fmul {V} {sg}, {_horner(e, zh, cos_c, kw)}")
             wv = e.bcast("%wi", kw)
             x = e.emit(f"fmul {V} {wv}, {h}")
             z = e.emit(f"fmul {V} {x}, {x}")
@@ -193,6 +199,9 @@ def blend_ir(dtype, width: int, quat_start: int, quats: int, slerp: bool, offset
 
     body = e.lines
     decls = ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
+    for w in (1, 2, 4, 8, 16):
+        decls += [f"declare {e.vt(w)} @llvm.fabs.{sfx(w)}({e.vt(w)})"]
+        decls += [f"declare {e.vt(w)} @llvm.copysign.{sfx(w)}({e.vt(w)}, {e.vt(w)})"]
     decls += sorted(
         {f"declare {e.vt(w)} @llvm.sqrt.v{w}{'f32' if e.f32 else 'f64'}({e.vt(w)})" for w in (1, 2, 4, 8, 16)}
     )
@@ -218,13 +227,13 @@ def blend_ir(dtype, width: int, quat_start: int, quats: int, slerp: bool, offset
         f"  %row0 = getelementptr inbounds {T}, ptr %table, i64 %r0i",
         f"  %r1i = mul i64 %f1, {D}",
         f"  %row1 = getelementptr inbounds {T}, ptr %table, i64 %r1i",
-        f"  %pi = mul i64 %f0, {3 * k}",
+        f"  %pi = mul i64 %f0, {k}",
         f"  %prow = getelementptr inbounds {T}, ptr %pairs, i64 %pi",
         f"  %oi = mul i64 %i, {D}",
         f"  %orow = getelementptr inbounds {T}, ptr %out, i64 %oi",
         "  %offk = mul i64 %i, 3",
         f"  %offi = getelementptr inbounds {T}, ptr %offsets, i64 %offk",
-        *_prefetch(e, D, 3 * k if slerp else 0),
+        *_prefetch(e, D, k if slerp else 0),
         *body,
         "  %inext = add i64 %i, 1",
         "  %done = icmp eq i64 %inext, %n",
@@ -267,7 +276,7 @@ class BlendKernel:
     """A compiled :func:`blend_ir`: ``kernel(table, pairs, frame0, frame1, w, offsets, out)`` on CPU tensors.
 
     Args (of the call):
-        table: ``[F, width]`` contiguous, the kernel's dtype; pairs: ``[F, 3 quats]`` contiguous
+        table: ``[F, width]`` contiguous, the kernel's dtype; pairs: ``[F, quats]`` contiguous
             (:func:`~.sampling.pair_angle_table` of the table's quaternion columns; ignored by nlerp, pass any
             tensor); frame0, frame1: ``[n] int64`` contiguous rows of ``table`` (in range: not checked);
         w: ``[n]`` contiguous, ``t`` in ``[0, 1]``; offsets: ``[n, 3]`` contiguous (read when the kernel was
@@ -312,7 +321,7 @@ def blend_kernel(dtype, width: int, quat_start: int, quats: int, slerp: bool, of
             if _native.available():
                 text = blend_ir(dt, width, quat_start, quats, slerp, offset_cols)
                 engine, address, cached = _native.compile_ir(
-                    lambda: text, _native.host_key("library-blend 2", text), "blend", optimize=False
+                    lambda: text, _native.host_key("library-blend 3", text), "blend", optimize=False
                 )
                 kern = BlendKernel(engine, address, cached)
             _KERNELS[key] = kern

@@ -82,7 +82,7 @@ _PAIR_CHUNK = 1 << 16  # frames per float64 chunk in pair_angle_table
 
 
 def pair_angle_table(quats, last_frame):
-    """Per frame, what slerp towards the next stored frame of its clip needs: ``[F, 3 k]`` in ``quats``' dtype.
+    """Per frame, what slerp towards the next stored frame of its clip needs: ``[F, k]`` in ``quats``' dtype.
 
     Args:
         quats: ``[F, 4 k]`` packed rows of ``k`` WXYZ quaternions per frame (a strided view is fine).
@@ -90,17 +90,17 @@ def pair_angle_table(quats, last_frame):
             frame is the frame with itself).
 
     Returns:
-        Columns ``[0, k)``: the 4-D half-angle ``a`` between frame ``f`` and frame ``min(f + 1, last)`` of the
-        normalised quaternions (rad, at least ``_MIN_PAIR_ANGLE`` of the dtype); ``[k, 2 k)``: ``s / sin(a)``;
-        ``[2 k, 3 k)``: ``s cos(a)``, with ``s`` the sign of the dot product (slerp takes the shorter arc). Then
-        ``slerp(q0, q1, t) = (cos(t a) - s cos(a) b) q0 + b q1`` with ``b = sin(t a) s / sin(a)``
-        (:func:`_slerp_weights`). Computed in float64, in chunks of frames.
+        ``s a`` per quaternion: the 4-D half-angle ``a`` between frame ``f`` and frame ``min(f + 1, last)`` of the
+        normalised quaternions (rad, at least ``_MIN_PAIR_ANGLE`` of the dtype, so never 0) signed with ``s``, the
+        sign of their dot product (slerp takes the shorter arc). Then ``slerp(q0, q1, t) = (cos(t a) - s cos(a)
+        b) q0 + b q1`` with ``b = sin(t a) s / sin(a)`` (:func:`_slerp_weights`). Computed in float64, in chunks
+        of frames; one value per quaternion keeps the table (and what a query reads of it) small.
     """
     import torch
 
     n_frames, k = quats.shape[0], quats.shape[1] // 4
     smallest = _MIN_PAIR_ANGLE[str(quats.dtype).removeprefix("torch.")]
-    out = torch.empty((n_frames, 3 * k), dtype=quats.dtype, device=quats.device)
+    out = torch.empty((n_frames, k), dtype=quats.dtype, device=quats.device)
     nxt = torch.minimum(torch.arange(1, n_frames + 1, device=quats.device), last_frame)
     for s in range(0, n_frames, _PAIR_CHUNK):
         e = min(n_frames, s + _PAIR_CHUNK)
@@ -108,24 +108,23 @@ def pair_angle_table(quats, last_frame):
         q1 = quats.index_select(0, nxt[s:e]).to(torch.float64).unflatten(1, (k, 4))
         d = (q0 * q1).sum(-1) / (torch.linalg.vector_norm(q0, dim=-1) * torch.linalg.vector_norm(q1, dim=-1))
         sign = torch.where(d < 0, -1.0, 1.0).to(torch.float64)
-        a = torch.acos(d.abs().clamp(max=1.0)).clamp(min=smallest)
-        out[s:e, :k] = a
-        out[s:e, k : 2 * k] = sign / torch.sin(a)
-        out[s:e, 2 * k :] = sign * torch.cos(a)
+        out[s:e] = sign * torch.acos(d.abs().clamp(max=1.0)).clamp(min=smallest)
     return out
 
 
 def _slerp_weights(pairs, w, k: int, x, w0, w1) -> None:
-    """Slerp weights from gathered :func:`pair_angle_table` rows ``pairs [n, 3 k]`` and blends ``w [n, 1]``
+    """Slerp weights from gathered :func:`pair_angle_table` rows ``pairs [n, k]`` and blends ``w [n, 1]``
     (``t`` in [0, 1]): ``w0 [n, k]`` (of frame0) and ``w1 [n, k]`` (of frame1) are written, ``x [n, k]`` is
-    scratch. Two transcendental calls on ``[n, k]``, no branch, no host synchronisation."""
+    scratch. No branch, no host synchronisation."""
     import torch
 
-    torch.mul(pairs[:, :k], w, out=x)
+    a = pairs.abs()
+    sign = torch.sign(pairs)
+    torch.mul(a, w, out=x)
     torch.sin(x, out=w1)
-    w1.mul_(pairs[:, k : 2 * k])
+    w1.mul_(sign / torch.sin(a))
     torch.cos(x, out=w0)
-    w0.addcmul_(pairs[:, 2 * k :], w1, value=-1.0)
+    w0.addcmul_(sign * torch.cos(a), w1, value=-1.0)
 
 
 def _gather_rows(table, index, out) -> None:
@@ -515,7 +514,7 @@ class SamplingMixin:
         # per-quaternion weights on [n, k] (one sin, one cos), expanded to the 4 components by a column gather
         # (broadcasting over a trailing 4 is slow on the CPU); the quaternion columns are blended into a
         # scratch block first, since the whole-row lerp (contiguous, fast) overwrites frame0's values
-        p = self._scratch("pair_rows", table, (n, 3 * k))
+        p = self._scratch("pair_rows", table, (n, k))
         torch.index_select(self._pair_angles(table, quat_cols), 0, frame0, out=p)
         w0, w1, x = (self._scratch(name, table, (n, k)) for name in ("w0", "w1", "x"))
         _slerp_weights(p, w, k, x, w0, w1)
