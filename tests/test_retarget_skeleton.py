@@ -415,7 +415,8 @@ def test_cgspeed_name_variants_and_layout_targets(cmu_desc):
     hops = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))[:600]
     assert "LFingers" in hops.tree.node_names and "LeftHandIndex1" not in hops.tree.node_names
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=cmu_desc, free_root=True)
-    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid")
+    # level_feet needs the collision geoms (the sole), which a layout target does not have: compare without it
+    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid").replace(level_feet=())
     a = rt.retarget_motion(hops, cfg.replace(ground_reference="body_origins"), cmu_desc)
     b = rt.retarget_motion(hops, cfg.replace(ground_reference="body_origins"), layout)  # same joints, no geoms needed
     np.testing.assert_allclose(a.motion.global_translation, b.motion.global_translation, atol=1e-6)
@@ -478,6 +479,11 @@ def test_feet_without_collision_geoms_stand_on_their_origins(cmu_bvh, cmu_desc):
     foot_z = pos[:, [no_feet.body_names.index(n) for n in sorted(feet)], 2]
     assert foot_z.min() == pytest.approx(0.0, abs=1e-5)  # the lowest foot origin is on the floor, not under it
     assert set(res.motion.metadata["retarget"]["ground_bodies_without_geoms"]) == feet
+    # the shipped config levels the feet; with no sole to level they are left as they are, and named
+    assert res.motion.metadata["retarget"]["feet_not_levelled"] == {
+        "lfoot": "the foot has no collision geom",
+        "rfoot": "the foot has no collision geom",
+    }
 
 
 def _stance_sole_heights(desc, motion):
@@ -504,9 +510,11 @@ def _stance_sole_heights(desc, motion):
 def test_level_feet_puts_the_cmu_humanoid_on_its_soles(cmu_bvh, cmu_desc):
     """Retargeted CMU walks stood on the humanoid's toe spheres with the heels several cm up (a foot pitch
     the T-poses do not capture); level_feet finds one pitch per foot that levels the sole where it stands."""
-    cfg = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid").replace(level_feet=())
+    shipped = rt.load_retarget_config("cmu_bvh_to_cmu_humanoid")
+    assert shipped.level_feet == (("lfoot", "ltoes"), ("rfoot", "rtoes"))  # on by default (issue 12 item 5)
+    cfg = shipped.replace(level_feet=())
     before = _stance_sole_heights(cmu_desc, rt.retarget_motion(cmu_bvh, cfg, cmu_desc).motion)
-    res = rt.retarget_motion(cmu_bvh, cfg.replace(level_feet=(("lfoot", "ltoes"), ("rfoot", "rtoes"))), cmu_desc)
+    res = rt.retarget_motion(cmu_bvh, shipped, cmu_desc)
     after = _stance_sole_heights(cmu_desc, res.motion)
     for side in "lr":
         assert before[side][0] > 0.05  # heel up by more than 5 cm

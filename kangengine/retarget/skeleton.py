@@ -196,7 +196,9 @@ class RetargetConfig:
             collision geoms, each foot gets the one constant pitch about its lateral axis that puts its
             sole level (heel geoms as low as toe geoms) in the frames where it stands, the T-pose difference a
             joint map cannot see (the CMU humanoid otherwise stands on its toe spheres, heels 2-4 cm up).
-            The angles are recorded in ``metadata["retarget"]["feet_levelled_deg"]``.
+            The angles are recorded in ``metadata["retarget"]["feet_levelled_deg"]``; a foot without
+            collision geoms (or a target without any) is left as it is and named, with why, in
+            ``metadata["retarget"]["feet_not_levelled"]``.
         name: configuration name.
         description: what the configuration expects (source skeleton, target model).
         target_asset: the default target model file, if any: absolute, or relative to the folder of the
@@ -637,9 +639,10 @@ class _FootPose:
         return np.concatenate(out, axis=1)
 
 
-def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict]:
+def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, dict]:
     """``local [T, n, 4]`` with each foot's constant sole-levelling pitch applied (see
-    ``RetargetConfig.level_feet``), and ``{foot: degrees}``.
+    ``RetargetConfig.level_feet``), ``{foot: degrees}``, and ``{foot: why}`` for the feet left as they were
+    (no collision geom on the foot).
 
     In the frames where the foot stands (low and slow), the rearmost and the frontmost sole points (of the
     foot's and the toe's collision geoms, along the foot's walking direction) are brought to the same height
@@ -650,15 +653,16 @@ def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict]:
     rot = np.asarray(motion.global_rotation, dtype=np.float64)
     geoms = _usable_geoms(desc)
     local = local.copy()
-    angles = {}
+    angles, skipped = {}, {}
     for foot, toe in pairs:
         _check_names([foot] + ([toe] if toe else []), tree, "target", None)
         fi = tree.index(foot)
         ti = tree.index(toe) if toe else None
         foot_p, foot_r = _sole_points([g for g in geoms if g.body == fi])
         toe_p, toe_r = _sole_points([g for g in geoms if ti is not None and g.body == ti])
-        if len(foot_p) == 0:
-            raise FormatError(f"level_feet: foot {foot!r} has no collision geom to level", item="level_feet")
+        if len(foot_p) == 0:  # nothing to level: left as it is, and said so
+            skipped[foot] = "the foot has no collision geom"
+            continue
         toe_t = np.asarray(tree.local_translation[ti], dtype=np.float64) if ti is not None else None
         radii = np.concatenate([foot_r, toe_r])
 
@@ -705,7 +709,7 @@ def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict]:
         theta = 0.5 * (lo + hi)
         local[:, fi] = R.quat_multiply(local[:, fi], R.quat_from_axis_angle(axis, theta))
         angles[foot] = float(np.degrees(theta))
-    return local, angles
+    return local, angles, skipped
 
 
 # -- articulation-aware steps ------------------------------------------------------------------------------
@@ -1121,8 +1125,12 @@ def retarget_motion(
         "trim_frames": None if config.trim_frames is None else list(config.trim_frames),
     }
     if config.level_feet and tgt.desc is not None:
-        local, levelled = _level_feet(tgt.desc, tgt.tree, root, local, src.fps, config.level_feet)
+        local, levelled, skipped = _level_feet(tgt.desc, tgt.tree, root, local, src.fps, config.level_feet)
         meta["retarget"]["feet_levelled_deg"] = levelled
+        if skipped:
+            meta["retarget"]["feet_not_levelled"] = skipped
+    elif config.level_feet:
+        meta["retarget"]["feet_not_levelled"] = {f: "the target has no collision geoms" for f, _ in config.level_feet}
     motion = SkeletonMotion(tgt.tree, root, local, src.fps, metadata=meta, skip_checks=True)
     shift = 0.0
     if config.ground_fix is not GroundFix.NONE:
