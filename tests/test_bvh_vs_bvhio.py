@@ -196,3 +196,31 @@ def test_reading_without_the_native_parser_gives_the_same_motion(monkeypatch, re
     np.testing.assert_array_equal(np.asarray(fast.local_rotation), np.asarray(slow.local_rotation))
     np.testing.assert_array_equal(np.asarray(fast.root_translation), np.asarray(slow.root_translation))
     assert fast.metadata == slow.metadata
+
+
+def test_native_parser_object_code_is_cached_on_disk_across_processes(tmp_path):
+    """A new process loads the parser's object code from the cache folder instead of running LLVM; a corrupt
+    cache file is ignored and rewritten."""
+    import os
+    import subprocess
+    import sys
+
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    code = (
+        "from kangengine.io import _decimal as D; k = D._build(); "
+        "print(k.from_cache, D.parse_rows(b'1 -2.5e-1', 0, 2).tolist())"
+    )
+    env = dict(os.environ, KANGENGINE_CACHE_DIR=str(tmp_path))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    assert run() == "False [[1.0, -0.25]]"
+    files = list((tmp_path / "io-native").glob("decimal-*.o"))
+    assert len(files) == 1
+    assert run() == "True [[1.0, -0.25]]"
+    files[0].write_bytes(files[0].read_bytes()[:-8] + b"garbage!")  # checksum no longer matches
+    assert run() == "False [[1.0, -0.25]]"
+    assert run() == "True [[1.0, -0.25]]"

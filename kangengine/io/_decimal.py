@@ -8,13 +8,17 @@ result is the correctly rounded float64, the same value ``float()``/``strtod`` g
 exponent, ``nan``/``inf``, letters, more digits, a short or long row) makes :func:`parse_rows` return
 ``None``: the caller then runs its general parser, which also says what is wrong and where.
 
-Without llvmlite (or when the kernel cannot be built) :func:`parse_rows` returns ``None`` as well.
+Without llvmlite (or when the kernel cannot be built) :func:`parse_rows` returns ``None`` as well. The built object
+code is cached on disk like the forward-kinematics kernels (keyed by the IR, llvmlite, LLVM and the CPU; checksummed,
+written atomically), so only the first process on a machine runs LLVM.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -301,10 +305,75 @@ fail:
 
 _lock = threading.Lock()
 _kernel = None  # the ctypes function once built; False when it cannot be built here
+_CACHE_MAGIC = b"KANGENGINE-DECIMAL-OBJECT 1\n"
+
+
+def _cache_path(llvm, cpu: str, features: str) -> Path:
+    """Where the object code for this machine lives: the native-kernel cache folder's sibling ``io-native``
+    (see :func:`kangengine.animation.kinematics.native.cache_dir`), named by a hash of the IR, llvmlite, LLVM
+    and the CPU."""
+    import llvmlite
+
+    from ..animation.kinematics.native import cache_dir
+
+    h = hashlib.sha256()
+    for part in (_IR, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), cpu, features):
+        h.update(part.encode())
+        h.update(b"\0")
+    return cache_dir().parent / "io-native" / f"decimal-{h.hexdigest()}.o"
+
+
+def _cache_read(path: Path) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(_CACHE_MAGIC)
+    digest, obj = data[head : head + 32], data[head + 32 :]
+    ok = data.startswith(_CACHE_MAGIC) and obj and hashlib.sha256(obj).digest() == digest
+    return obj if ok else None
+
+
+def _cache_write(path: Path, obj: bytes) -> None:
+    from .._files import atomic_write
+
+    try:
+        atomic_write(path, lambda f: f.write(_CACHE_MAGIC + hashlib.sha256(obj).digest() + obj))
+    except OSError:  # a read-only or full cache folder only costs the next process the build
+        pass
+
+
+def _compile(llvm):
+    """(engine, address of ``parse``, whether the object code came from the on-disk cache)."""
+    cpu = llvm.get_host_cpu_name()
+    try:
+        features = llvm.get_host_cpu_features().flatten()
+    except Exception:  # some platforms cannot report features: generic code for the CPU name
+        features = ""
+    path = _cache_path(llvm, cpu, features)
+    obj = _cache_read(path)
+    mod = llvm.parse_assembly(_IR if obj is None else "")  # an empty module when the object code is cached
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
+    if obj is None:
+        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+        pb.getModulePassManager().run(mod, pb)  # mem2reg and the rest: the variables live in registers
+    built: list[bytes] = []
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.set_object_cache(lambda _m, buf: built.append(bytes(buf)), lambda _m: obj)
+    engine.finalize_object()
+    address = engine.get_function_address("parse")
+    if not address:
+        raise RuntimeError("the decimal parser has no entry point")
+    if obj is None and built:
+        _cache_write(path, built[0])
+    return engine, address, obj is not None
 
 
 def _build():
-    """The compiled parser (a ctypes function) or ``False`` when llvmlite is missing or the build fails."""
+    """The compiled parser (a ctypes function) or ``False`` when llvmlite is missing or the build fails. The
+    object code is kept on disk (``io-native`` beside the FK kernel cache), so a new process loads it instead of
+    running LLVM again."""
     global _kernel
     with _lock:
         if _kernel is None:
@@ -313,19 +382,12 @@ def _build():
 
                 llvm.initialize_native_target()
                 llvm.initialize_native_asmprinter()
-                mod = llvm.parse_assembly(_IR)
-                mod.verify()
-                target = llvm.Target.from_default_triple()
-                tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), opt=3, jit=True)
-                pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
-                pb.getModulePassManager().run(mod, pb)  # mem2reg and the rest: the variables live in registers
-                engine = llvm.create_mcjit_compiler(mod, tm)
-                engine.finalize_object()
-                address = engine.get_function_address("parse")
+                engine, address, from_cache = _compile(llvm)
                 fn = ctypes.CFUNCTYPE(
                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
                 )(address)
                 fn._engine = engine  # the engine owns the machine code: keep it alive with the function
+                fn.from_cache = from_cache
                 _kernel = fn
             except Exception:
                 _kernel = False
