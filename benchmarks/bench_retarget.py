@@ -6,9 +6,12 @@ configuration limits). Both results go through the same metrics (``robot_retarge
 beside their speeds.
 
     python benchmarks/bench_retarget.py [--frames 2752] [--clip bvh/cmu/01_01_cgspeed_hops_long.bvh]
-        [--device cuda --batch 64]
+        [--model path/to/g1_29dof.xml] [--device cuda --batch 64]
 
-Wall time and process CPU time are both shown (one thread: they agree unless the machine is loaded).
+Wall time and process CPU time are both shown (one thread: they agree unless the machine is loaded; on a loaded
+machine the CPU-time ratio is the fairer one). The warm-up builds the native forward-kinematics kernel of the
+robot once (one documented large call; it is cached on disk across processes) and says whether it is used.
+``--batch`` clips (the same clip repeated) are retarget in one call, on ``--device`` when given.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def _print_metrics(name, m, fps_rate, wall, cpu):
         f"slide/phase max {m['slide_per_phase_cm_max']:5.1f} cm, planted {m['planted_speed_cm_s']:5.1f} cm/s | "
         f"penetration {m['penetration_m'] * 100:4.1f} cm | limit hits {m['joint_limit_hits']} | "
         f"joint vel peak {m['joint_velocity_peak_rad_s']:5.1f} rad/s "
-        f"(source {m['source_joint_velocity_peak_rad_s']:.1f})"
+        f"(source {m['source_joint_velocity_peak_rad_s']:.1f}) | self-collision frames "
+        f"{m.get('self_collision_frames', '-')} (source {m.get('source_self_intersection_frames', '-')})"
     )
 
 
@@ -93,17 +97,19 @@ def main():
     ap.add_argument("--clip", default="bvh/cmu/01_01_cgspeed_hops_long.bvh")
     ap.add_argument("--frames", type=int, default=2752)
     ap.add_argument("--config", default="cmu_bvh_to_g1")
+    ap.add_argument("--model", default=None, help="robot model file instead of the configuration's")
     ap.add_argument("--device", default=None, help="also time a batch of clips on this device (e.g. cuda)")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=0, help="also time this many clips in one call")
     ap.add_argument("--no-mink", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     motion = ke.io.load_bvh(DATA / args.clip)[: args.frames]
-    cfg = ke.retarget.load_robot_config(args.config)
+    cfg = ke.retarget.load_robot_config(args.config, model=args.model)
     print(f"clip {args.clip}: {motion.num_frames} frames at {motion.fps:.0f} fps; config {cfg.name}; one thread")
-    robot_mod.retarget_to_robot(motion[:64], cfg)  # warm-up (traced kinematics, torch kernels)
+    print(f"native FK kernel used by the solver: {_build_native_fk(cfg, args.model)}")
+    robot_mod.retarget_to_robot(motion[:64], cfg, model=args.model)  # warm-up (traced kinematics, torch kernels)
     c, w = time.process_time(), time.perf_counter()
-    res = ke.retarget.retarget_to_robot(motion, cfg)
+    res = ke.retarget.retarget_to_robot(motion, cfg, model=args.model)
     w, c = time.perf_counter() - w, time.process_time() - c
     n = res.motion.num_frames
     _print_metrics("kangengine", res.metrics, n / w, w, c)
@@ -111,22 +117,40 @@ def main():
         layout = res.layout
         src = robot_mod._prepare_source(motion, cfg, None)
         tg = robot_mod._build_targets(cfg, layout, src, None)
-        gpts = robot_mod.collision_points(robot_mod.load_robot_model(cfg)[1], layout, cfg)
+        _, desc, mpath = robot_mod.load_robot_model(cfg, args.model)
+        gpts = robot_mod.collision_points(desc, layout, cfg)
         cm, wm = time.process_time(), time.perf_counter()
         q = _mink_baseline(cfg, layout, motion, tg, src)
         wm, cm = time.perf_counter() - wm, time.process_time() - cm
         qd = robot_mod._central_velocity(layout, q, src.fps)
         local = robot_mod.motion_local_rotation(motion, src.kept)
         m, _ = robot_retarget_metrics(layout, q, qd, src.fps, cfg, tg, gpts, local, np.zeros(n))
+        sc = robot_mod._self_collision(desc, layout, mpath, cfg)
+        m.update(robot_mod.self_collision_metrics(layout, q, sc, tg, src, motion))
         _print_metrics("mink", m, n / wm, wm, cm)
         print(f"speed ratio kangengine / mink: {wm / w:.1f}x (cpu {cm / c:.1f}x)")
-    if args.device:
-        print(f"batched on {args.device}: {args.batch} clips of {n} frames")
-        ke.retarget.retarget_to_robot(motion[:64], cfg, device=args.device)
-        w = time.perf_counter()
-        ke.retarget.retarget_to_robot(motion, cfg, device=args.device, batch=args.batch)
-        w = time.perf_counter() - w
-        print(f"{args.batch * n / w:.0f} frames/s ({w:.2f} s)")
+    if args.batch:
+        device = args.device or "cpu"
+        print(f"batched on {device}: {args.batch} clips of {n} frames in one call")
+        ke.retarget.retarget_to_robot([motion[:64]] * 2, cfg, model=args.model, device=device)  # warm-up
+        w, c = time.perf_counter(), time.process_time()
+        out = ke.retarget.retarget_to_robot([motion] * args.batch, cfg, model=args.model, device=device)
+        w, c = time.perf_counter() - w, time.process_time() - c
+        same = max(float(np.abs(r.motion.q - res.motion.q).max()) for r in out)
+        print(
+            f"{args.batch * n / w:.0f} frames/s (wall {w:.2f} s, cpu {c:.2f} s); largest |q - single clip| {same:.1e}"
+        )
+
+
+def _build_native_fk(cfg, model) -> bool:
+    """Build (or load from the disk cache) the robot's native FK kernel with one call of the documented
+    build size, and say whether the solver's calls use it."""
+    from kangengine.animation.kinematics import _NATIVE_BUILD_FRAMES
+
+    layout = robot_mod.load_robot_model(cfg, model)[0]
+    q = torch.as_tensor(np.tile(layout.neutral(), (_NATIVE_BUILD_FRAMES, 1)), dtype=torch.float32)
+    layout.kinematics.from_coordinates(q)
+    return any(k is not None for k in layout.kinematics._traced_coordinates(False).native.values())
 
 
 if __name__ == "__main__":

@@ -352,9 +352,29 @@ def _prepare_clip(motion, cfg, layout, path) -> _Clip:
     if pelvis_tasks.size:
         q0[:, root.q_offset : root.q_offset + 3] = tg.key_target[:, pelvis_tasks[0]]
     q0[:, root.q_offset + 3 : root.q_offset + 7] = R.quat_multiply(
-        _yaw_quat(src.heading), layout.rest_rotations_wxyz[root.body_index][None]
+        _yaw_quat(src.heading - _robot_heading(cfg, layout)), layout.rest_rotations_wxyz[root.body_index][None]
     )
     return _Clip(motion, src, tg, q0)
+
+
+def _robot_heading(cfg, layout) -> float:
+    """Yaw (rad) the robot faces in its neutral pose, read like the source's: from the robot bodies that
+    correspond to the heading-alignment joints (0, facing +X, when none corresponds)."""
+    _, npos, _ = _robot_neutral(layout)
+    robot_of = {}
+    for b in cfg.bodies:
+        for alt in b.source.split("|"):
+            robot_of.setdefault(alt, layout.body_index(b.robot))
+    ha = cfg.heading_alignment
+    pairs = []
+    for left, right in zip(ha.left, ha.right):
+        li = next((robot_of[a] for a in left.split("|") if a in robot_of), None)
+        ri = next((robot_of[a] for a in right.split("|") if a in robot_of), None)
+        if li is not None and ri is not None:
+            pairs.append((li, ri))
+    if not pairs:
+        return 0.0
+    return float(_heading(npos[None], [p[0] for p in pairs], [p[1] for p in pairs])[0])
 
 
 @dataclass(frozen=True)

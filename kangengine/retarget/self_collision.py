@@ -57,6 +57,8 @@ def _enclosing_capsule(v: np.ndarray) -> tuple[np.ndarray, float]:
     along the three principal axes (for each axis: the radius is the largest distance from the axis line
     through the centroid, the end points as close as the points allow)."""
     c = v.mean(0)
+    if v.shape[0] < 4:  # too few points for axes: their enclosing sphere about the centroid
+        return np.stack([c, c]), float(np.linalg.norm(v - c, axis=-1).max())
     _, vecs = np.linalg.eigh(np.cov((v - c).T) + 1e-12 * np.eye(3))
     best = None
     for axis in vecs.T:
@@ -107,7 +109,7 @@ def _mesh_proxy(v: np.ndarray, max_pieces: int = 3) -> list[tuple[np.ndarray, fl
     for k in range(1, max_pieces + 1):
         edges = np.linspace(t.min(), t.max(), k + 1)
         piece = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, k - 1)
-        caps = [_enclosing_capsule(v[piece == i]) for i in range(k) if (piece == i).sum() >= 4]
+        caps = [_enclosing_capsule(v[piece == i]) for i in range(k) if (piece == i).any()]
         vol = sum(np.pi * r * r * np.linalg.norm(sg[1] - sg[0]) + 4.0 / 3.0 * np.pi * r**3 for sg, r in caps)
         if vol < 0.8 * best_vol:
             best, best_vol = caps, vol

@@ -404,31 +404,34 @@ def _row_groups(tasks: IKTasks, tables, nv: int) -> tuple[_RowGroup, ...]:
                 ground_mask=mask(cols, bodies[2][gi]),
             )
         )
-    if tasks.num_pairs:
+    if tasks.num_pairs:  # one group per set of DOFs a pair depends on (left foot - right foot, hand - hip, ...)
         pb = tasks.capsule_body[tasks.pair].cpu().numpy()
-        cols = np.flatnonzero(moves[:, pb.reshape(-1)].any(1)).astype(np.int64)
-        pm = np.stack([moves[np.ix_(cols, pb[:, k])].T for k in (0, 1)], 1).astype(np.float64)
+        sets = [tuple(np.flatnonzero(moves[:, a] | moves[:, b]).tolist()) for a, b in pb]
         empty = lt(np.zeros(0))
-        groups.append(
-            _RowGroup(
-                cols=lt(cols),
-                flat=lt((cols[:, None] * nv + cols[None, :]).reshape(-1)),
-                points=empty,
-                point_mask=None,
-                orients=empty,
-                orient_mask=None,
-                grounds=empty,
-                ground_mask=None,
-                pairs=lt(np.arange(pb.shape[0])),
-                pair_mask=torch.as_tensor(pm, dtype=dt, device=dev),
+        for key in dict.fromkeys(sets):
+            cols = np.array(key, dtype=np.int64)
+            sel = np.array([i for i, k in enumerate(sets) if k == key], dtype=np.int64)
+            pm = np.stack([moves[np.ix_(cols, pb[sel, k])].T for k in (0, 1)], 1).astype(np.float64)
+            groups.append(
+                _RowGroup(
+                    cols=lt(cols),
+                    flat=lt((cols[:, None] * nv + cols[None, :]).reshape(-1)),
+                    points=empty,
+                    point_mask=None,
+                    orients=empty,
+                    orient_mask=None,
+                    grounds=empty,
+                    ground_mask=None,
+                    pairs=lt(sel),
+                    pair_mask=torch.as_tensor(pm, dtype=dt, device=dev),
+                )
             )
-        )
     return tuple(groups)
 
 
 def segment_closest_points(p0, p1, q0, q1):
     """Closest points of segments ``p0-p1`` and ``q0-q1`` (``[..., 3]`` each; a zero-length segment is a
-    point): ``(on_p [..., 3], on_q [..., 3])``."""
+    point): ``(on_p [..., 3], on_q [..., 3])`` (Ericson, Real-Time Collision Detection 5.1.9, vectorised)."""
     d1, d2, r = p1 - p0, q1 - q0, p0 - q0
     a = (d1 * d1).sum(-1)
     e = (d2 * d2).sum(-1)
@@ -436,14 +439,18 @@ def segment_closest_points(p0, p1, q0, q1):
     c = (d1 * r).sum(-1)
     b = (d1 * d2).sum(-1)
     eps = 1e-12
+    zero = a.new_zeros(())
+    a_s, e_s = a.clamp_min(eps), e.clamp_min(eps)
     denom = a * e - b * b
-    s = ((b * f - c * e) / denom.clamp_min(eps)).clamp(0.0, 1.0)
-    s = s.where(denom > eps * (a * e).clamp_min(eps), s.new_zeros(()))
-    t = (b * s + f) / e.clamp_min(eps)
-    t_c = t.clamp(0.0, 1.0)
-    s = ((b * t_c - c) / a.clamp_min(eps)).clamp(0.0, 1.0).where(t != t_c, s)
-    s = s.where(a > eps, s.new_zeros(()))
-    t = t_c.where(e > eps, t_c.new_zeros(()))
+    s = ((b * f - c * e) / denom.clamp_min(eps)).clamp(0.0, 1.0).where(denom > eps * a_s * e_s, zero)
+    t = (b * s + f) / e_s
+    s = (-c / a_s).clamp(0.0, 1.0).where(t < 0, ((b - c) / a_s).clamp(0.0, 1.0).where(t > 1, s))
+    t = t.clamp(0.0, 1.0)
+    # degenerate segments: a point against a segment (or a point)
+    s = s.where(e > eps, (-c / a_s).clamp(0.0, 1.0))
+    t = t.where(e > eps, zero)
+    s = s.where(a > eps, zero)
+    t = t.where(a > eps, (f / e_s).clamp(0.0, 1.0).where(e > eps, zero))
     return p0 + d1 * s[..., None], q0 + d2 * t[..., None]
 
 
@@ -486,8 +493,9 @@ def bounding_gaps(seg_world, pair, radius):
 
 def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
     """``(H [N, V, V], g [N, V], cost [N], one_sided)`` of the task residuals at ``q`` (without smoothness);
-    ``one_sided``: ``(value [N, R] m, d value/dq [N, R, V], weight [R])`` of the one-sided rows (the collision
-    points' floor clearances, then the self-collision pairs' gaps beyond their clearance), or ``None``.
+    ``one_sided``: per chain group with one-sided rows (the collision points' floor clearances, the
+    self-collision pairs' gaps beyond their clearance) ``(value [N, R] m, d value/dq [N, R, c], weight,
+    cols [c], flat [c * c])``.
 
     Per chain group (:func:`_row_groups`) the weighted rows (point x, y, z; orientation x, y, z; ground z;
     self-collision gaps) form one ``[N, rows, c]`` Jacobian; its ``J^T J`` and ``J^T r`` are added into ``H``
@@ -509,21 +517,18 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
         or_r = -_quat_log(_quat_mul(tasks.orient_target_wxyz, conj))  # [N, O, 3]
         or_s = tasks.orient_weight.sqrt()
         a_rot = (fr.dof_axes * tables.dof_rotational.to(q.dtype)[None, :, None]).transpose(1, 2)  # [N, 3, V]
-    ground = None
+    one_sided = []
     if ng:
         gx = bpos[:, tasks.ground_body] + _quat_rotate(
             brot[:, tasks.ground_body], tasks.ground_offset.expand(n, -1, -1)
         )
         h = gx[..., 2] - tasks.ground_radius - tasks.ground_height  # [N, G]
         g_s = ((h < 0).to(q.dtype) * tasks.ground_weight).sqrt()
-        g_jac = q.new_zeros((n, ng, nv))
-        ground = (h, g_jac)
     if tasks.num_pairs:
         seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
         gap, normal, closest = pair_distances(seg, tasks.pair, tasks.capsule_radius)
         gap = gap - tasks.pair_clearance
         c_s = ((gap < 0).to(q.dtype) * tasks.pair_weight).sqrt()
-        p_jac = q.new_zeros((n, tasks.num_pairs, nv))
     hess = q.new_zeros((n, nv * nv))
     grad = q.new_zeros((n, nv))
     cost = q.new_zeros(n)
@@ -543,17 +548,19 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
             rs.append((or_r[:, g.orients] * s).reshape(n, -1))
         if g.grounds.numel():
             j = _point_jacobian(gx[:, g.grounds], cg[:, :, 2:3], g.ground_mask)[:, :, 0]  # [N, Gg, c]
-            g_jac[:, g.grounds[:, None], g.cols[None, :]] = j
+            one_sided.append((h[:, g.grounds], j, tasks.ground_weight, g.cols, g.flat))
             s = g_s[:, g.grounds]
             js.append(j * s[..., None])
             rs.append(h[:, g.grounds].clamp_max(0.0) * s)
         if g.pairs is not None:
-            ja = _point_jacobian(closest[:, :, 0], cg, g.pair_mask[:, 0])  # [N, C, 3, c]
-            jb = _point_jacobian(closest[:, :, 1], cg, g.pair_mask[:, 1])
-            j = ((ja - jb) * normal[..., None]).sum(2)  # [N, C, c]
-            p_jac[:, :, g.cols] = j
-            js.append(j * c_s[..., None])
-            rs.append(gap.clamp_max(0.0) * c_s)
+            cl = closest[:, g.pairs]
+            ja = _point_jacobian(cl[:, :, 0], cg, g.pair_mask[:, 0])  # [N, Cg, 3, c]
+            jb = _point_jacobian(cl[:, :, 1], cg, g.pair_mask[:, 1])
+            j = ((ja - jb) * normal[:, g.pairs, :, None]).sum(2)  # [N, Cg, c]
+            one_sided.append((gap[:, g.pairs], j, tasks.pair_weight, g.cols, g.flat))
+            s = c_s[:, g.pairs]
+            js.append(j * s[..., None])
+            rs.append(gap[:, g.pairs].clamp_max(0.0) * s)
         jac = torch.cat(js, 1) if len(js) > 1 else js[0]
         res = torch.cat(rs, 1) if len(rs) > 1 else rs[0]
         jt = jac.transpose(1, 2)
@@ -567,19 +574,39 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
         grad = grad + tasks.posture_weight * dpost
         hess.diagonal(dim1=1, dim2=2).add_(tasks.posture_weight * tables.posture_dof)
         cost = cost + tasks.posture_weight * (dpost * dpost).sum(1)
-    if tasks.num_pairs:  # the one-sided rows together: floor clearances, then pair gaps beyond their clearance
-        w = [tasks.pair_weight] * tasks.num_pairs
-        if ground is None:
-            ground = (gap, p_jac, q.new_tensor(w))
-        else:
-            ground = (
-                torch.cat((ground[0], gap), 1),
-                torch.cat((ground[1], p_jac), 1),
-                q.new_tensor([tasks.ground_weight] * ng + w),
-            )
-    elif ground is not None:
-        ground = (ground[0], ground[1], q.new_full((ng,), tasks.ground_weight))
-    return hess, grad, cost, ground
+    return hess, grad, cost, one_sided
+
+
+def _cost(q, tasks: IKTasks, tables, layout, prior=None):
+    """``[N]`` the weighted squared residuals at ``q`` (what :func:`_normal_equations` linearises; the
+    one-sided rows active where violated), from the body transforms alone: the step acceptance test."""
+    import torch
+
+    bpos, brot = layout.kinematics.from_coordinates(q)
+    n = q.shape[0]
+    x = bpos[:, tasks.point_body] + _quat_rotate(brot[:, tasks.point_body], tasks.point_offset.expand(n, -1, -1))
+    cost = (tasks.point_weight * (x - tasks.point_target) ** 2).sum((1, 2))
+    if tasks.orient_body.numel():
+        conj = brot[:, tasks.orient_body] * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
+        err = _quat_log(_quat_mul(tasks.orient_target_wxyz, conj))
+        cost = cost + (tasks.orient_weight[..., None] * err * err).sum((1, 2))
+    if tasks.ground_body.numel():
+        gx = bpos[:, tasks.ground_body] + _quat_rotate(
+            brot[:, tasks.ground_body], tasks.ground_offset.expand(n, -1, -1)
+        )
+        h = (gx[..., 2] - tasks.ground_radius - tasks.ground_height).clamp_max(0.0)
+        cost = cost + tasks.ground_weight * (h * h).sum(1)
+    if tasks.num_pairs:
+        seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
+        gap = (pair_distances(seg, tasks.pair, tasks.capsule_radius)[0] - tasks.pair_clearance).clamp_max(0.0)
+        cost = cost + tasks.pair_weight * (gap * gap).sum(1)
+    if tasks.posture_weight > 0:
+        d = layout.difference(q, tasks.q_neutral.expand_as(q)) * tables.posture_dof
+        cost = cost + tasks.posture_weight * (d * d).sum(1)
+    if prior is not None:
+        d = layout.difference(q, prior[0])
+        cost = cost + prior[1] * (d * d).sum(1)
+    return cost
 
 
 def _project_limits(q, tables):
@@ -597,41 +624,85 @@ def _solve(hess, grad):
     return torch.where((info == 0)[:, None], step, -grad / hess.diagonal(dim1=1, dim2=2))
 
 
+#: a frame whose largest step (rad / m) is under this has converged: it leaves the iterations
+_CONVERGED_STEP = 5e-4
+
+
+def _active_set_round(hess, grad, step, one_sided):
+    """One active-set round: the one-sided rows (floor, pairs) the step would push past their bound join the
+    penalty, and those frames only are solved again (``hess``/``grad`` as for ``step``, damping included)."""
+    import torch
+
+    n, nv = grad.shape
+    news = []
+    hit = torch.zeros(n, dtype=torch.bool, device=grad.device)
+    for value, jac, _, cols, _ in one_sided:
+        new = ((value + (jac @ step[:, cols, None])[..., 0]) < 0) & (value >= 0)
+        hit |= new.any(1)
+        news.append(new)
+    rows = torch.nonzero(hit)[:, 0]
+    if rows.numel() == 0:
+        return step
+    r = rows.numel()
+    hn = hess[rows].reshape(r, nv * nv)
+    gn = grad[rows].clone()
+    for (value, jac, weight, cols, flat), new in zip(one_sided, news):
+        sw = (new[rows].to(grad.dtype) * weight).sqrt()  # [r, R]
+        jn = jac[rows] * sw[..., None]
+        jt = jn.transpose(1, 2)
+        hn.index_add_(1, flat, (jt @ jn).reshape(r, -1))
+        gn.index_add_(1, cols, (jt @ (sw * value[rows])[..., None])[..., 0])
+    step[rows] = _solve(hn.view(r, nv, nv), gn)
+    return step
+
+
 def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
-    """Damped Gauss-Newton iterations on every frame of ``q [N, nq]`` at once (frames are independent here).
+    """Levenberg-Marquardt iterations on every frame of ``q [N, nq]`` at once (frames are independent here).
 
     ``prior = (q_prior [N, nq], weight)`` adds ``weight * |difference(q, q_prior)|^2`` (the smoothing pass).
+    Each frame keeps its own damping: a step that does not lower the frame's cost is refused and the damping
+    raised tenfold, an accepted one lowers it threefold (never under ``options.damping``). A frame whose
+    accepted step is under :data:`_CONVERGED_STEP` has converged and leaves the batch: the following
+    iterations run on the frames still moving only (gathered, then written back).
     """
     import torch
 
     groups = _row_groups(tasks, tables, layout.nv)
-    cost = q.new_zeros(q.shape[0])
+    n = q.shape[0]
+    q = q.clone()
+    cost = q.new_zeros(n)
+    damping = q.new_full((n,), float(options.damping))
+    active = torch.arange(n, device=q.device)
     for _ in range(iterations):
-        hess, grad, cost, ground = _normal_equations(q, tasks, tables, layout, groups)
+        full = active.numel() == n
+        qa = q if full else q[active]
+        ta = tasks if full else tasks.frames(active)
+        pa = None if prior is None else (prior[0] if full else prior[0][active], prior[1])
+        hess, grad, ca, one_sided = _normal_equations(qa, ta, tables, layout, groups)
         diag = hess.diagonal(dim1=1, dim2=2)
-        if prior is not None:
-            d = layout.difference(q, prior[0])
-            grad = grad + prior[1] * d
-            diag.add_(prior[1])
-            cost = cost + prior[1] * (d * d).sum(1)
-        diag.add_(options.damping)
+        if pa is not None:
+            d = layout.difference(qa, pa[0])
+            grad = grad + pa[1] * d
+            diag.add_(pa[1])
+            ca = ca + pa[1] * (d * d).sum(1)
+        lam = damping[active]
+        diag.add_(lam[:, None])
         step = _solve(hess, grad)
-        if ground is not None:
-            # one active-set round: points the step would push below the floor and pairs it would push into
-            # each other join the penalty (those frames only are solved again)
-            h, jg, w1 = ground
-            new = ((h + (jg @ step[..., None])[..., 0]) < 0) & (h >= 0)
-            rows = torch.nonzero(new.any(1))[:, 0]
-            if rows.numel():
-                swn = (new[rows].to(q.dtype) * w1).sqrt()  # [r, G]
-                jn = jg[rows] * swn[..., None]
-                hn = hess[rows] + jn.transpose(1, 2) @ jn
-                gn = grad[rows] + (jn.transpose(1, 2) @ (swn * h[rows])[..., None])[..., 0]
-                step[rows] = _solve(hn, gn)
+        if one_sided:
+            step = _active_set_round(hess, grad, step, one_sided)
         big = step.abs().amax(1, keepdim=True)
         step = step * (options.max_step / big.clamp_min(options.max_step))
         # projected step: the joints go back inside their limits
-        q = _project_limits(layout.integrate(q, step), tables)
+        qn = _project_limits(layout.integrate(qa, step), tables)
+        cn = _cost(qn, ta, tables, layout, pa)
+        ok = cn <= ca * (1.0 + 1e-6) + 1e-12
+        q[active] = torch.where(ok[:, None], qn, qa)
+        cost[active] = torch.where(ok, cn, ca)
+        damping[active] = torch.where(ok, (lam / 3.0).clamp_min(float(options.damping)), lam * 10.0)
+        moving = ~ok | (big[:, 0] >= _CONVERGED_STEP)
+        active = active[moving]
+        if active.numel() == 0:
+            break
     return q, cost
 
 
