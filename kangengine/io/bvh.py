@@ -679,7 +679,7 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     the clip, from the local arrays already built in output axes (file component ``a`` is output component
     ``vec_index[a]``)."""
     nf = rot.shape[0]
-    rows = np.unique(np.linspace(0, nf - 1, min(nf, 32)).round().astype(np.int64))
+    rows = np.arange(nf) if nf <= 32 else np.unique(np.linspace(0, nf - 1, 32).round().astype(np.int64))
     lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
     # parent_from_node as 4x4 homogeneous matrices, node-major (each node's frames contiguous): one product per
     # tree level gives world rotations and positions
@@ -699,14 +699,10 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     return pos[:, 1:] if pos.shape[1] > 1 else pos
 
 
-def _detect_up(pos: np.ndarray) -> str:
-    ext = np.median(pos.max(axis=1) - pos.min(axis=1), axis=0)  # per-axis median extent
-    return "z" if ext[2] > ext[1] else "y"
-
-
-def _height(pos: np.ndarray, up: str) -> float:
-    a = 1 if up == "y" else 2
-    return float(np.median(pos[..., a].max(axis=1) - pos[..., a].min(axis=1)))
+def _median_extent(pos: np.ndarray) -> np.ndarray:
+    """``[3]`` per-axis median over the sampled frames of the extent of the joint positions ``pos [S, N, 3]``:
+    the up axis is the taller of Y and Z (Y on a tie), the standing height the extent along it."""
+    return np.median(pos.max(axis=1) - pos.min(axis=1), axis=0)
 
 
 def unit_from_standing_height(h: float) -> str:
@@ -833,12 +829,12 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     # Y up is the BVH convention: build for it first; detection runs on those arrays (a Z-up file is rebuilt).
     offsets, vec_index, rot, root_t, lt = build("z" if up_axis == "z" else "y")
     if up_axis == "auto" or scale is None:
-        pos = _sample_positions(rot, root_t, lt, offsets, parents, vec_index)
+        ext = _median_extent(_sample_positions(rot, root_t, lt, offsets, parents, vec_index))
         if up_axis == "auto":
-            up, up_detected = _detect_up(pos), True
+            up, up_detected = ("z" if ext[2] > ext[1] else "y"), True
             if up == "z":
                 offsets, vec_index, rot, root_t, lt = build("z")
-        height = _height(pos, up)
+        height = float(ext[1 if up == "y" else 2])
         if scale is None:
             unit_name = unit_from_standing_height(height)
             metres_per_unit = BVH_LENGTH_UNITS[unit_name]
