@@ -224,3 +224,21 @@ def test_native_parser_object_code_is_cached_on_disk_across_processes(tmp_path):
     files[0].write_bytes(files[0].read_bytes()[:-8] + b"garbage!")  # checksum no longer matches
     assert run() == "False [[1.0, -0.25]]"
     assert run() == "True [[1.0, -0.25]]"
+
+
+def test_native_parser_holds_about_the_result_in_memory():
+    """The output buffer is sized by the lines times the columns, not by the file size (a file of long numbers
+    must not cost several times its size)."""
+    import tracemalloc
+
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    data, start = _motion_text(DATA / "bvh/cmu/01_01_cgspeed_hops_long.bvh")
+    tracemalloc.start()
+    try:
+        got = _decimal.parse_rows(data, start, 96)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.shape == (2752, 96)
+    assert peak < 1.1 * got.nbytes + (64 << 10), (peak, got.nbytes, len(data))

@@ -406,7 +406,9 @@ def parse_rows(data: bytes, start: int, columns: int) -> np.ndarray | None:
     if not fn or columns <= 0:
         return None
     n = len(data) - start
-    cap = n // 2 + 1  # a number takes a character and a separator
+    # a number takes a character and a separator, and a line holds at most ``columns`` of them: the buffer is
+    # about the size of the result (what numpy's reader would hold too), never a multiple of the file
+    cap = min(n // 2 + 1, (data.count(b"\n", start) + 1) * columns)
     out = np.empty(cap, dtype=np.float64)
     addr = np.frombuffer(data, dtype=np.uint8).ctypes.data + start  # the bytes themselves, no copy
     count = int(fn(addr, n, out.ctypes.data, cap, columns))
