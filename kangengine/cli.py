@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from . import __version__
@@ -245,6 +246,7 @@ class _Progress:
         self.counts: dict[str, int] = {}
         self.bar = None
         self.tty = sys.stderr.isatty()
+        self.started = time.time()  # tqdm's clock
 
     def __call__(self, done: int, total: int, item) -> None:
         text = self.label(item)
@@ -257,11 +259,13 @@ class _Progress:
                 self.tty = False
             else:
                 try:
-                    cols = os.get_terminal_size(sys.stderr.fileno()).columns
+                    known = min(os.get_terminal_size(sys.stderr.fileno())) > 0
                 except OSError:
-                    cols = 0
-                size = {"dynamic_ncols": True} if cols > 0 else {"ncols": 100}  # a terminal of unknown width
+                    known = False
+                # a terminal that reports no size (0 x 0): tqdm would draw nothing, so give it one
+                size = {"dynamic_ncols": True} if known else {"ncols": 100, "nrows": 24}
                 self.bar = tqdm(total=total, desc=self.command, unit="clip", file=sys.stderr, **size)
+                self.bar.start_t = self.started  # the bar appears with the first clip: time from the start
         if self.bar is None:
             print(f"[{done}/{total}] {text}", file=sys.stderr, flush=True)
             return
@@ -279,7 +283,9 @@ class _Progress:
 
 
 def _progress(args, command: str, label, status) -> _Progress | None:
-    return None if args.quiet else _Progress(command, label, status)
+    if args.quiet:
+        return None
+    return _Progress(command, label, status)
 
 
 def _convert_status(o) -> tuple[str, bool]:
