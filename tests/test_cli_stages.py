@@ -258,6 +258,30 @@ def test_progress_bar_on_a_terminal_with_per_clip_status_and_warnings_in_the_man
     assert rc == 0 and shown.strip() == ""
 
 
+# -- threads --------------------------------------------------------------------------------------------------
+
+
+def test_passive_openmp_waits_unless_the_user_chose_and_threads_reach_the_tracker(tmp_path):
+    code = (
+        "import os, sys; from kangengine.cli import main; main(['configs']); "
+        "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in _env().items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.split()[-2:] == ["PASSIVE", "False"], done.stderr  # set before torch was loaded
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**env, "OMP_WAIT_POLICY": "ACTIVE"}
+    )
+    assert done.stdout.split()[-2] == "ACTIVE"  # the user's choice is kept
+    # --threads reaches the simulator's settings (recorded in each report), default 1
+    walk = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 8)
+    args = ["validate", str(MODEL), str(walk), "--config", CONFIG, "--no-plots", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "t1")]) in (0, 1)
+    assert main([*args, "--out", str(tmp_path / "t2"), "--threads", "2"]) in (0, 1)
+    for out, threads in (("t1", 1), ("t2", 2)):
+        assert json.loads((tmp_path / out / "w.json").read_text())["settings"]["threads"] == threads
+
+
 # -- the parser -----------------------------------------------------------------------------------------------
 
 
