@@ -663,36 +663,43 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
 # ------------------------------------------------------------------------------------------------------
 
 
-def _depth_levels(parents) -> list[np.ndarray]:
-    """Node indices grouped by depth below the root (parents precede children in BVH order)."""
+def _depth_order(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: node indices sorted by depth below the root (stable: file order within a depth), and
+    the position in ``order`` where each depth starts, one past the last at the end (parents precede children in
+    BVH order)."""
     depth = np.zeros(len(parents), dtype=np.int64)
-    for i, p in enumerate(parents):  # one pass over the nodes: linear in the skeleton size
+    for i, p in enumerate(parents.tolist()):  # one pass over the nodes: linear in the skeleton size
         if p >= 0:
             depth[i] = depth[p] + 1
     order = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[order], np.arange(1, int(depth.max(initial=0)) + 2))
-    return np.split(order, bounds)[1:-1]
+    starts = np.searchsorted(depth[order], np.arange(int(depth.max(initial=0)) + 2))
+    return order, starts
 
 
 def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarray:
-    """Global positions ``[S, N - 1, 3]`` (file axes and units, root left out) of up to 32 frames spread over
-    the clip, from the local arrays already built in output axes (file component ``a`` is output component
-    ``vec_index[a]``)."""
+    """Global positions ``[S, N - 1, 3]`` (file axes and units, the root left out, the nodes in depth order) of
+    up to 32 frames spread over the clip, from the local arrays already built in output axes (file component
+    ``a`` is output component ``vec_index[a]``)."""
     nf = rot.shape[0]
     rows = np.arange(nf) if nf <= 32 else np.unique(np.linspace(0, nf - 1, 32).round().astype(np.int64))
-    lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
-    # parent_from_node as 4x4 homogeneous matrices, node-major (each node's frames contiguous): one product per
-    # tree level gives world rotations and positions
-    nn = lt_rows.shape[1]
-    world = np.zeros((nn, len(rows), 4, 4))
-    world[..., :3, :3] = R.quat_to_matrix(np.ascontiguousarray(rot[rows].transpose(1, 0, 2), dtype=np.float64))
-    world[..., :3, 3] = lt_rows.transpose(1, 0, 2)
-    world[..., 3, 3] = 1.0
-    world[0, :, :3, 3] = root_t[rows]
     parents = np.asarray(parents, dtype=np.int64)
+    order, starts = _depth_order(parents)
+    at = np.empty_like(order)
+    at[order] = np.arange(len(order))  # node -> its position in depth order
+    parent_at = at[parents[order]]  # the parent's position (meaningless for the root, never read)
+    lt_rows = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows].astype(np.float64)
+    # parent_from_node as 4x4 homogeneous matrices, node-major in depth order: each level is a contiguous block,
+    # one product per level gives world rotations and positions
+    nn = len(order)
+    world = np.zeros((nn, len(rows), 4, 4))
+    quat = np.ascontiguousarray(rot[rows][:, order].transpose(1, 0, 2), dtype=np.float64)
+    world[..., :3, :3] = R.quat_to_matrix(quat)
+    world[..., :3, 3] = lt_rows[:, order].transpose(1, 0, 2)
+    world[..., 3, 3] = 1.0
+    world[0, :, :3, 3] = root_t[rows]  # order[0] is the root
     with np.errstate(over="ignore", invalid="ignore"):  # overflowing skeletons are refused by the caller
-        for idx in _depth_levels(parents):  # one vectorised step per tree level: linear in the node count
-            world[idx] = world[parents[idx]] @ world[idx]
+        for a, b in zip(starts[1:-1].tolist(), starts[2:].tolist()):  # one vectorised step per tree level
+            world[a:b] = world[parent_at[a:b]] @ world[a:b]
     pos = world[..., :3, 3].transpose(1, 0, 2)
     pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
