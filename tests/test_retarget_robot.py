@@ -203,6 +203,54 @@ def test_analytic_jacobian_matches_finite_differences(config):
     assert float(cost) > 0
 
 
+def test_self_collision_gradient_matches_finite_differences():
+    """The one-sided pair penalty (a wrist capsule pushed into the torso capsule: both rows active): its
+    Gauss-Newton gradient (closest points held fixed on their bodies, normal along their difference) equals
+    half the finite difference of the cost along each tangent direction (float64)."""
+    lay = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(data_file(G1)), free_root=True)
+    rng = np.random.default_rng(5)
+    q0 = lay.neutral()
+    q0[7:] += rng.uniform(-0.2, 0.2, lay.nq - 7)
+    q0 = np.clip(q0, np.r_[np.full(7, -np.inf), lay.dof_lower[6:]], np.r_[np.full(7, np.inf), lay.dof_upper[6:]])
+    t = lambda x, dt=torch.float64: torch.as_tensor(np.asarray(x), dtype=dt)
+    bodies = [lay.body_index(n) for n in ("torso_link", "left_wrist_yaw_link", "right_knee_link")]
+    tasks = S.IKTasks(
+        point_body=t([bodies[0]], torch.int64),
+        point_offset=t(np.zeros((1, 3))),
+        point_target=t(np.zeros((1, 1, 3))),
+        point_weight=t(np.zeros((1, 1, 3))),
+        orient_body=t([], torch.int64),
+        orient_target_wxyz=t(np.zeros((1, 0, 4))),
+        orient_weight=t(np.zeros((1, 0))),
+        ground_body=t([], torch.int64),
+        ground_offset=t(np.zeros((0, 3))),
+        ground_radius=t(np.zeros(0)),
+        ground_height=0.0,
+        ground_weight=0.0,
+        posture_weight=0.0,
+        q_neutral=t(lay.neutral()),
+        capsule_body=t(bodies, torch.int64),
+        capsule_segment=t([[[0, 0, 0.0], [0, 0, 0.3]], [[0, 0, 0], [0.1, 0, 0]], [[0, 0, 0], [0, 0, -0.2]]]),
+        capsule_radius=t([0.15, 0.05, 0.05]),
+        pair=t([[0, 1], [1, 2]], torch.int64),
+        pair_clearance=t([1.0, 1.0]),  # both pairs active: every gap is under its clearance
+        pair_weight=3.0,
+    )
+    tables = S.robot_dof_tables(lay, dtype=torch.float64, device="cpu")
+    _, grad, cost, one_sided = S._normal_equations(t(q0[None]), tasks, tables, lay)
+    assert one_sided and float(cost) > 0
+    eps = 1e-6
+    fd = np.empty(lay.nv)
+    for k in range(lay.nv):  # finite differences along each tangent direction
+        e = np.zeros((1, lay.nv))
+        e[0, k] = eps
+        cp = S._cost(t(lay.integrate(q0[None], e)), tasks, tables, lay)
+        cm = S._cost(t(lay.integrate(q0[None], -e)), tasks, tables, lay)
+        fd[k] = float(cp - cm) / (2 * eps) / 2.0
+    np.testing.assert_allclose(grad.numpy()[0], fd, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(float(cost), float(S._cost(t(q0[None]), tasks, tables, lay)), rtol=1e-12)
+
+
 def test_contact_phases_of_a_synthetic_gait():
     """A foot down on frames [10, 40) and [70, 100) (still, on the floor), swinging in between: the phases are
     found to the frame (the speed is a central difference, so a boundary frame may go either way), a 2-frame

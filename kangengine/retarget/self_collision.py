@@ -243,4 +243,12 @@ def source_intersections(
     if not apart.any():
         return np.zeros(pos.shape[0], dtype=bool)
     i, j = i[apart], j[apart]
-    return (gaps(np.asarray(pos, dtype=np.float64)) < 0).any(1)
+    pos = np.asarray(pos, dtype=np.float64)
+    # broad phase: pairs whose bones' bounding spheres never meet cannot intersect
+    mid = 0.5 * (pos[:, ends[:, 0]] + pos[:, ends[:, 1]])  # [N, K, 3]
+    reach = 0.5 * np.linalg.norm(pos[:, ends[:, 1]] - pos[:, ends[:, 0]], axis=-1) + radius  # [N, K]
+    near = (np.linalg.norm(mid[:, i] - mid[:, j], axis=-1) < reach[:, i] + reach[:, j]).any(0)
+    if not near.any():
+        return np.zeros(pos.shape[0], dtype=bool)
+    i, j = i[near], j[near]
+    return (gaps(pos) < 0).any(1)
