@@ -624,19 +624,52 @@ class _FootPose:
     toe_points: np.ndarray  # [Q, 3] in the toe frame
     toe_offset: np.ndarray | None  # [3] toe origin in the foot frame
 
-    def sole(self, frames, axis=None, theta: float = 0.0) -> np.ndarray:
+    def sole(self, frames, axis=None, theta=0.0) -> np.ndarray:
         """``[F, P + Q, 3]`` world sole points at ``frames``, the foot pitched by ``theta`` about ``axis`` (foot
-        frame; ``None``: as it is)."""
+        frame; ``None``: as it is); ``theta [K]`` (an array) gives ``[K, F, P + Q, 3]``, one pitch per row."""
         gf = self.rot[frames, self.fi]
-        if axis is not None:
-            gf = R.quat_multiply(gf, R.quat_from_axis_angle(axis, theta))
         origin = self.pos[frames, self.fi]
-        out = [origin[:, None] + R.quat_rotate(gf[:, None], self.foot_points)]
+        if axis is not None:
+            pitch = R.quat_from_axis_angle(axis, theta)
+            if np.ndim(theta):  # [K] pitches at once: [K, F, ...]
+                gf, pitch, origin = gf[None], pitch[:, None], np.broadcast_to(origin, (len(pitch),) + origin.shape)
+            gf = R.quat_multiply(gf, pitch)
+        out = [origin[..., None, :] + R.quat_rotate(gf[..., None, :], self.foot_points)]
         if len(self.toe_points):
             gt = R.quat_multiply(gf, self.local[frames, self.ti])
             pt = origin + R.quat_rotate(gf, self.toe_offset)
-            out.append(pt[:, None] + R.quat_rotate(gt[:, None], self.toe_points))
-        return np.concatenate(out, axis=1)
+            out.append(pt[..., None, :] + R.quat_rotate(gt[..., None, :], self.toe_points))
+        return np.concatenate(out, axis=-2)
+
+
+def _bisection_points(lo: float, hi: float, depth: int) -> list[float]:
+    """Every midpoint a ``depth``-step bisection of ``[lo, hi]`` can visit, computed as the bisection computes
+    them (``0.5 * (lo + hi)`` down each branch): ``2**depth - 1`` points."""
+    if depth == 0:
+        return []
+    mid = 0.5 * (lo + hi)
+    return [mid] + _bisection_points(lo, mid, depth - 1) + _bisection_points(mid, hi, depth - 1)
+
+
+def _bisect(f, lo: float, hi: float, f_lo: float, *, steps: int, per_call: int = 4) -> float:
+    """The midpoint of the final bracket of ``steps`` bisection steps on ``f`` (``f(lo) = f_lo`` and ``f(hi)``
+    of different signs), the same steps a one-point-at-a-time bisection takes: ``f`` is called on the
+    ``2**per_call - 1`` points the next ``per_call`` steps can visit at once (``f([K]) -> [K]``), and the steps
+    then walk them (one vectorised call replaces ``per_call`` sequential ones)."""
+    done = 0
+    while done < steps:
+        k = min(per_call, steps - done)
+        pts = _bisection_points(lo, hi, k)
+        value = dict(zip(pts, np.asarray(f(np.array(pts)), dtype=np.float64).tolist()))
+        for _ in range(k):
+            mid = 0.5 * (lo + hi)
+            f_mid = value[mid]
+            if np.sign(f_mid) == np.sign(f_lo):
+                lo, f_lo = mid, f_mid
+            else:
+                hi = mid
+        done += k
+    return 0.5 * (lo + hi)
 
 
 def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, dict]:
@@ -691,22 +724,17 @@ def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, 
         axis /= np.linalg.norm(axis)
 
         def tilt(theta, S=S, axis=axis, rear=rear, front=front, foot_pose=foot_pose, radii=radii):
+            """Median rear-minus-front sole height at pitch ``theta`` (a float), or ``[K]`` for ``theta [K]``."""
             p = foot_pose.sole(S, axis, theta)[..., 2] - radii
-            return float(np.median(p[:, rear] - p[:, front]))
+            d = np.median(p[..., rear] - p[..., front], axis=-1)
+            return float(d) if np.ndim(theta) == 0 else d
 
         lo, hi = -0.6, 0.6
         f_lo = tilt(lo)
         if np.sign(f_lo) == np.sign(tilt(hi)):  # no level pitch within +-34 degrees: leave the foot
             angles[foot] = 0.0
             continue
-        for _ in range(40):  # bisection to ~1e-12 rad
-            mid = 0.5 * (lo + hi)
-            f_mid = tilt(mid)
-            if np.sign(f_mid) == np.sign(f_lo):
-                lo, f_lo = mid, f_mid
-            else:
-                hi = mid
-        theta = 0.5 * (lo + hi)
+        theta = _bisect(tilt, lo, hi, f_lo, steps=40)  # to ~1e-12 rad
         local[:, fi] = R.quat_multiply(local[:, fi], R.quat_from_axis_angle(axis, theta))
         angles[foot] = float(np.degrees(theta))
     return local, angles, skipped
