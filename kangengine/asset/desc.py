@@ -30,6 +30,7 @@ __all__ = [
     "GeomDesc",
     "MimicDesc",
     "TendonDesc",
+    "SpatialTendonDesc",
     "CycleJointDesc",
     "ArticulationDesc",
 ]
@@ -209,7 +210,12 @@ class MimicDesc:
 
 @dataclass(frozen=True)
 class TendonDesc:
-    """A fixed (joint-space) tendon: ``length = sum(coef_i * q_i)`` over ``joints``."""
+    """A fixed (joint-space) tendon: ``length = sum(coef_i * q_i) + offset`` over ``joints`` (m or rad).
+
+    ``stiffness`` (N/m) and ``damping`` (N s/m) make a spring-damper of tension ``-k (l - l0) - c dl/dt``
+    where ``l0`` is the nearest point of ``spring_length`` (a ``(lower, upper)`` dead band, MuJoCo
+    ``springlength``; ``None``: the length at ``q = 0``). ``range``: length limits (``None``: unlimited).
+    """
 
     name: str
     joints: tuple[str, ...]
@@ -217,12 +223,40 @@ class TendonDesc:
     stiffness: float = 0.0
     damping: float = 0.0
     range: tuple[float, float] | None = None
+    offset: float = 0.0
+    spring_length: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class SpatialTendonDesc:
+    """A spatial tendon through attachment sites: ``length = sum_k weight_k |p(site_b_k) - p(site_a_k)|``.
+
+    Attributes:
+        name: tendon name.
+        site_bodies: ``S`` body names, one per attachment site.
+        site_positions: ``[S, 3]`` m, each site in its body's frame.
+        segments: ``G`` pairs ``(a, b)`` of site indices joined by a straight segment.
+        segment_weights: ``G`` weights (1 on a plain path; ``1 / divisor`` after a MuJoCo pulley).
+        stiffness, damping, spring_length, range: as :class:`TendonDesc` (``spring_length`` ``None``: the
+            length at ``q = 0``).
+    """
+
+    name: str
+    site_bodies: tuple[str, ...]
+    site_positions: np.ndarray
+    segments: tuple[tuple[int, int], ...]
+    segment_weights: tuple[float, ...]
+    stiffness: float = 0.0
+    damping: float = 0.0
+    range: tuple[float, float] | None = None
+    spring_length: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class CycleJointDesc:
     """A loop-closing soft spherical joint: point ``pivot`` (child body frame, m) of ``child`` is held at
-    the point ``parent_pivot`` (parent body frame) of ``parent`` with ``stiffness`` (N/m)."""
+    the point ``parent_pivot`` (parent body frame) of ``parent`` with ``stiffness`` (N/m) and ``damping``
+    (N s/m, on the relative velocity of the two points)."""
 
     name: str
     parent: str
@@ -230,6 +264,7 @@ class CycleJointDesc:
     pivot: np.ndarray
     parent_pivot: np.ndarray
     stiffness: float = 50000.0
+    damping: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,7 +276,7 @@ class ArticulationDesc:
         bodies: parent-first (``bodies[i].parent < i``) in the loader's ``order``.
         joints: sorted by body (in body order), then in their order of application on the body.
         geoms: collision and visual geoms; ``body == -1`` for geoms fixed to the world (a floor).
-        mimics, tendons, cycles: optional couplings.
+        mimics, tendons, spatial_tendons, cycles: optional couplings.
         contact_exclusions: pairs of body names that never collide.
         order: ``"DFS"`` (the file's pre-order) or ``"BFS"`` (breadth first).
         source: the file it was loaded from.
@@ -254,6 +289,7 @@ class ArticulationDesc:
     geoms: tuple[GeomDesc, ...] = ()
     mimics: tuple[MimicDesc, ...] = ()
     tendons: tuple[TendonDesc, ...] = ()
+    spatial_tendons: tuple[SpatialTendonDesc, ...] = ()
     cycles: tuple[CycleJointDesc, ...] = ()
     contact_exclusions: tuple[tuple[str, str], ...] = ()
     order: str = "DFS"
@@ -354,6 +390,7 @@ class ArticulationDesc:
             "total_mass_kg": round(self.total_mass, 6),
             "mimics": len(self.mimics),
             "tendons": len(self.tendons),
+            "spatial_tendons": len(self.spatial_tendons),
             "cycles": len(self.cycles),
         }
 

@@ -31,6 +31,7 @@ from .desc import (
     JointDesc,
     JointType,
     MimicDesc,
+    SpatialTendonDesc,
     TendonDesc,
     reorder_bodies,
 )
@@ -356,25 +357,28 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
                     )
                 )
 
-    tendons = []
+    tendons, spatial = [], []
     for t in range(m.ntendon):
         adr, num = int(m.tendon_adr[t]), int(m.tendon_num[t])
-        if not all(m.wrap_type[adr + k] == mujoco.mjtWrap.mjWRAP_JOINT for k in range(num)):
-            continue  # spatial tendons are not represented
-        tendons.append(
-            TendonDesc(
-                name=_name_at(m, "tendon", t, path) or f"tendon{t}",
-                joints=tuple(joint_names[int(m.wrap_objid[adr + k])] for k in range(num)),
-                coefficients=tuple(float(m.wrap_prm[adr + k]) for k in range(num)),
-                stiffness=float(m.tendon_stiffness[t])
-                if np.ndim(m.tendon_stiffness[t]) == 0
-                else float(np.asarray(m.tendon_stiffness[t]).ravel()[0]),
-                damping=float(m.tendon_damping[t])
-                if np.ndim(m.tendon_damping[t]) == 0
-                else float(np.asarray(m.tendon_damping[t]).ravel()[0]),
-                range=(float(m.tendon_range[t, 0]), float(m.tendon_range[t, 1])) if m.tendon_limited[t] else None,
+        common = {
+            "name": _name_at(m, "tendon", t, path) or f"tendon{t}",
+            "stiffness": float(np.asarray(m.tendon_stiffness[t]).ravel()[0]),
+            "damping": float(np.asarray(m.tendon_damping[t]).ravel()[0]),
+            "range": (float(m.tendon_range[t, 0]), float(m.tendon_range[t, 1])) if m.tendon_limited[t] else None,
+            "spring_length": _spring_length(m, t),
+        }
+        if all(m.wrap_type[adr + k] == mujoco.mjtWrap.mjWRAP_JOINT for k in range(num)):
+            tendons.append(
+                TendonDesc(
+                    joints=tuple(joint_names[int(m.wrap_objid[adr + k])] for k in range(num)),
+                    coefficients=tuple(float(m.wrap_prm[adr + k]) for k in range(num)),
+                    **common,
+                )
             )
-        )
+        else:
+            tendon = _spatial_tendon(m, adr, num, body_names, common, src)
+            if tendon is not None:
+                spatial.append(tendon)
 
     return ArticulationDesc(
         name=_model_name(m, path),
@@ -383,9 +387,54 @@ def _from_model(m, path: Path, mesh_files: dict) -> ArticulationDesc:
         geoms=tuple(geoms),
         mimics=tuple(mimics),
         tendons=tuple(tendons),
+        spatial_tendons=tuple(spatial),
         cycles=tuple(cycles),
         contact_exclusions=tuple(exclusions),
         order="DFS",
         source=src,
         gravity=m.opt.gravity,
+    )
+
+
+def _spring_length(m, t: int) -> tuple[float, float]:
+    """The compiled spring length (dead band) of tendon ``t``: MuJoCo computes it at ``qpos_spring`` when
+    the file gives none."""
+    ls = np.asarray(m.tendon_lengthspring[t], dtype=np.float64).ravel()
+    return (float(ls[0]), float(ls[-1]))
+
+
+def _spatial_tendon(m, adr: int, num: int, body_names, common: dict, src) -> SpatialTendonDesc | None:
+    """A spatial tendon of sites and pulleys (straight segments; each pulley divides what follows by its
+    divisor); one that wraps around a geom or attaches to the world is skipped with a warning."""
+    import mujoco
+
+    site_bodies, site_pos, segments, weights = [], [], [], []
+    prev, divisor = None, 1.0
+    for k in range(num):
+        wt = int(m.wrap_type[adr + k])
+        if wt == mujoco.mjtWrap.mjWRAP_PULLEY:
+            prev, divisor = None, float(m.wrap_prm[adr + k])
+            continue
+        sid = int(m.wrap_objid[adr + k])
+        if wt != mujoco.mjtWrap.mjWRAP_SITE or int(m.site_bodyid[sid]) == 0:
+            what = "wraps around a geom" if wt != mujoco.mjtWrap.mjWRAP_SITE else "attaches to the world body"
+            warnings.warn(
+                f"{src}: spatial tendon {common['name']!r} {what}; only sites on bodies and pulleys are "
+                "simulated, this tendon is skipped",
+                stacklevel=4,
+            )
+            return None
+        site_bodies.append(body_names[int(m.site_bodyid[sid]) - 1])
+        site_pos.append(np.asarray(m.site_pos[sid], dtype=np.float64))
+        here = len(site_bodies) - 1
+        if prev is not None:
+            segments.append((prev, here))
+            weights.append(1.0 / divisor)
+        prev = here
+    return SpatialTendonDesc(
+        site_bodies=tuple(site_bodies),
+        site_positions=np.array(site_pos, dtype=np.float64).reshape(-1, 3),
+        segments=tuple(segments),
+        segment_weights=tuple(weights),
+        **common,
     )

@@ -285,6 +285,15 @@ class Simulator:
             self._coupling_pos_tree = self._tree.positions(pos[:, 0], pos[:, 1])
             if self._coupling_pos_tree is None:
                 self._tree = None
+        # -- rows of cycle joints and tendons, drive envelope (kangengine.sim.constraints / .drives) --
+        self._rows = m.constraints if m.constraints is not None and m.constraints.num_rows > 0 else None
+        self._envelope = m.drive_envelope
+        if self._envelope is not None:
+            self._has_effort = True
+        if self._rows is not None:  # dense rows J^T W J: the tree-sparse pattern cannot hold them
+            if self.solver is LinearSolver.TREE:
+                raise ValueError(f"{m.name}: cycle joints and tendon rows need solver='dense' (or 'auto')")
+            self._tree = None
         if self._tree is not None:
             self._assembly = self._assembly_plan(self._tree)
         # -- link-to-link contact pairs (quantities are [P, W]); dense rank-one rows, like the cycle rows --
@@ -349,6 +358,7 @@ class Simulator:
         qs = q.t().index_select(0, m.dof_q_index).mul_(self._scalar)  # scalar joint values (0 elsewhere)
         spring0 = (qs - self._spring_ref).mul_(self._spring_h) if self._has_springs else None
         coupling_q = self._coupling @ qs if self._has_couplings else None  # coupling values at q
+        crow = self._rows.rows_at(m, fr, qs) if self._rows is not None else None  # cycle/tendon rows at q
         pinned = control.pinned
         v = qd_t
         if pinned is not None:
@@ -424,6 +434,10 @@ class Simulator:
                     hess.index_add_(0, self._coupling_pos_tree, cvals)
                 else:
                     hess.mT.reshape(w, -1).index_add_(1, self._coupling_pos_t, cvals.t())
+            if crow is not None:
+                rgrad, rhess, ract = crow.terms(v, h)
+                grad = grad.add_(rgrad)
+                hess = hess + rhess
             if srow is not None:
                 sgrad, shess, sk, sact = self._self_terms(srow, srate)
                 grad = grad.add_(sgrad)
@@ -462,6 +476,8 @@ class Simulator:
             mdv = grad.add(hd * dv)
             if coup is not None:
                 mdv = mdv.add_(self._coupling_t @ (coup[1] * coup[3]))
+            if crow is not None:
+                mdv = mdv.add_(torch.einsum("wnm,mw->nw", rhess, dv))
             if srow is not None:
                 mdv = mdv.add_(torch.einsum("pjw,pw->jw", srow.direction, sk * srate_dv))
             mdv = mdv.neg_()
@@ -475,11 +491,15 @@ class Simulator:
                 de = (dv * torch.add(mvq, force, alpha=-h)).sum(0) + 0.5 * dmd
                 if pending is not None:
                     de = de + (pending[0] * du[0] + pending[1] * du[1] + pending[2] * du[2]).sum(0)
+                if crow is not None:
+                    de = de + crow.energy(v + dv, h, ract) - crow.energy(v, h, ract)
                 if srow is not None:
                     de = de + (
                         self._self_energy(srow, srate + srate_dv, sact) - self._self_energy(srow, srate, sact)
                     ).sum(0)
                 alpha = self._step_length(v, dv, grad, de, qs, drive, jaux, coup, coupling_q, u, du, depth0, caux)
+                if self._envelope is not None and self._envelope.has_speed_limit:
+                    alpha = self._envelope.speed_step(v, dv, alpha)
                 a_row = alpha[None, :]
             else:
                 a_row = 1.0
@@ -496,8 +516,9 @@ class Simulator:
 
         # -- report and advance ---------------------------------------------------------------------------
         x = torch.addcmul(drive.a, drive.b, v, value=-1.0)
-        tau = torch.clamp(x, -self._effort, self._effort)
-        saturated = x.abs() > self._effort
+        effort = self._effort if self._envelope is None else self._envelope.effort_bound(v.abs())
+        tau = torch.clamp(x, -effort, effort)
+        saturated = x.abs() > effort
         if self._has_contact:
             cp = m.contact
             ux, uy, uz = u
@@ -703,14 +724,24 @@ class Simulator:
             grad = grad.addcmul_(self._klim_h, lim).addcmul_(self._dlim_h * lim_active, v)
             hd = hd + self._lim_curv * lim_active
         x = torch.addcmul(drive.a, drive.b, v, value=-1.0)
+        effort = self._effort
+        if self._envelope is not None:  # the envelope's bound at this iterate's speed (lagged), speed barrier
+            effort = self._envelope.effort_bound(v.abs())
+            if self._envelope.has_speed_limit:
+                sg, sh = self._envelope.speed_terms(v)
+                grad, hd = grad.add_(sg), hd + sh
         if self._has_effort:
-            grad = grad.add_(torch.clamp(x, -self._effort, self._effort), alpha=-h)
+            grad = grad.add_(torch.clamp(x, -effort, effort), alpha=-h)
             # majorizing curvature of the clamped drive: b inside the limit, b * limit / |x| outside
-            hd = hd + drive.hb * torch.clamp(self._effort / torch.clamp(x.abs(), min=1e-30), max=1.0)
+            hd = hd + drive.hb * torch.clamp(effort / torch.clamp(x.abs(), min=1e-30), max=1.0)
+            if self._envelope is not None:  # a saturated drive pushing along v loses effort with speed
+                slope = self._envelope.effort_bound_slope(v.abs())
+                along = ((x.abs() > effort) & (x * v > 0)).to(v.dtype)
+                hd = hd - (h * along) * slope
         else:
             grad = grad.add_(x, alpha=-h)
             hd = hd + drive.hb
-        return grad, hd, lim_active
+        return grad, hd, (lim_active, effort)
 
     def _coupling_terms(self, v, coupling_q):
         """Gradient ``[nv, W]``, ``(activity, Hessian weights, rates C v)`` (``[R, W]`` each) and the Hessian
@@ -759,7 +790,7 @@ class Simulator:
         points = torch.stack(feats + point_wrenches(offset, (fx, fy, fzh)), dim=1)  # [C, 22, W]
         return points, (act, mlh, kt, kn, energy)
 
-    def _step_length(self, v, dv, grad, de, qs, drive, lim_active, coup, coupling_q, u, du, depth0, caux):
+    def _step_length(self, v, dv, grad, de, qs, drive, jaux, coup, coupling_q, u, du, depth0, caux):
         """Per world, the step length along ``dv``: 1 when the full Newton step lowers the energy enough
         (at least a quarter of the decrease the quadratic model predicts), else the minimiser of the
         quadratic through ``E(0)``, the slope ``grad . dv`` and ``E(1)``, within ``[0.05, 1]``.
@@ -769,7 +800,7 @@ class Simulator:
         lagged quantities (normal forces under friction, active dampers)."""
         m, h = self.model, self.dt
         vv = torch.stack([v, v + dv])  # [2, nv, W]
-        e = self._joint_energy(vv, qs, drive, lim_active)
+        e = self._joint_energy(vv, qs, drive, jaux)
         de = de + (e[1] - e[0]).sum(0)
         if coup is not None:
             act, _, r0, r_dv = coup
@@ -796,9 +827,11 @@ class Simulator:
         backtrack = torch.where(torch.isfinite(backtrack), backtrack, 0.05)
         return torch.where(de <= 0.25 * slope, 1.0, backtrack)
 
-    def _joint_energy(self, vv, qs, drive: _Drive, lim_active):
-        """Per-DOF energy of the joint-space terms for velocities ``vv [A, nv, W]`` (lagged limit damping)."""
+    def _joint_energy(self, vv, qs, drive: _Drive, jaux):
+        """Per-DOF energy of the joint-space terms for velocities ``vv [A, nv, W]`` (lagged limit damping and
+        drive effort bound, ``jaux`` from :meth:`_joint_terms`)."""
         h = self.dt
+        lim_active, effort = jaux
         v2 = vv * vv
         e = self._e_damp * v2 if self._has_damping else torch.zeros_like(vv)
         if self._has_springs:
@@ -817,10 +850,12 @@ class Simulator:
         x = torch.addcmul(drive.a, drive.b, vv, value=-1.0)
         if self._has_effort:
             ax = x.abs()
-            lim = torch.minimum(ax, self._effort)
+            lim = torch.minimum(ax, effort)
             e = e.addcmul_(drive.e_coef, lim * (2.0 * ax - lim))
         else:
             e = e.addcmul_(drive.e_coef, x * x)
         if drive.e_const is not None:
             e = e.addcmul_(drive.e_const, vv, value=-1.0)
+        if self._envelope is not None and self._envelope.has_speed_limit:
+            e = e + self._envelope.speed_energy(vv)
         return e

@@ -25,6 +25,8 @@ from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
 from ..errors import LayoutMismatch, ShapeError, UnknownNameError
+from .constraints import Constraints, build_constraints
+from .drives import DriveEnvelope
 
 __all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State"]
 
@@ -140,6 +142,12 @@ class Model:
         self_geom_body ``[G]``; self_geom_center ``[G, 3]`` m and self_geom_axis ``[G, 3]`` m (segment centre
         and half-segment vector, body frame; zero for a sphere); self_geom_radius ``[G]`` m; self_geom_names
         ``G`` names; self_pair_geom ``[P, 2]`` long (geom indices); self_pair_names ``P`` ``(geom, geom)``.
+    Rows of the implicit step and drive limits:
+        constraints: :class:`~kangengine.sim.constraints.Constraints` (cycle joints, tendon
+        spring-dampers, spatial tendons) or ``None``; drive_envelope:
+        :class:`~kangengine.sim.drives.DriveEnvelope` (speed-dependent effort limits, joint speed limits)
+        or ``None`` (then ``dof_effort_limit`` is a constant clamp); see
+        :func:`~kangengine.sim.drives.with_drive_envelope`.
     Derived:
         has_ball_friction: some ball joint has dry friction; step_cache: :class:`StepCache`, the layouts
         of these tensors that the step's maths reads, rebuilt with every new model (also by
@@ -207,6 +215,8 @@ class Model:
     self_geom_names: tuple[str, ...] = ()
     self_pair_geom: torch.Tensor = None
     self_pair_names: tuple[tuple[str, str], ...] = ()
+    constraints: Constraints | None = None
+    drive_envelope: DriveEnvelope | None = None
     step_cache: StepCache = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -270,6 +280,8 @@ class Model:
         tendon_limit_damping: float = 0.0,
         mimic_stiffness: float = 1e4,
         mimic_damping: float = 10.0,
+        cycle_stiffness: float | None = None,
+        cycle_damping: float | None = None,
     ) -> Model:
         """Build the simulator model of ``desc``.
 
@@ -297,6 +309,10 @@ class Model:
                 their range (N/m or N m/rad per unit of tendon length; defaults like joint limits).
             mimic_stiffness, mimic_damping: spring holding each mimic joint at ``multiplier * leader +
                 offset`` (``desc.mimics``).
+            cycle_stiffness, cycle_damping: override the cycle joints' own spring (N/m, default 50000) and
+                damper (N s/m, default 0); ``None`` keeps each ``CycleJointDesc``'s. Cycle joints, fixed
+                tendons with a spring or damper and spatial tendons are rows of the implicit step
+                (:mod:`kangengine.sim.constraints`, ``Model.constraints``).
         Raises:
             LayoutMismatch: ``layout`` was built for another description.
             UnknownNameError: a name in a mapping argument is not a joint, DOF or body.
@@ -442,6 +458,16 @@ class Model:
         coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
         filter_pairs = _collision_filter(desc)
         sdata = _self_contact(desc, filter_pairs, contact)
+        rows = build_constraints(
+            desc,
+            layout,
+            device=device,
+            dtype=dtype,
+            cycle_stiffness=cycle_stiffness,
+            cycle_damping=cycle_damping,
+            tendon_limit_stiffness=tendon_limit_stiffness,
+            tendon_limit_damping=tendon_limit_damping,
+        )
 
         return cls(
             layout=layout,
@@ -505,6 +531,7 @@ class Model:
             coupling_damping=t(coup["damping"]),
             coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
+            constraints=rows,
         )
 
     # -- helpers ------------------------------------------------------------------------------------------

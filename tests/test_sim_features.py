@@ -1,0 +1,453 @@
+"""Cycle joints, tendons and drive envelopes inside the implicit step, against MuJoCo and exact balances.
+
+Oracles: MuJoCo's tendon lengths and moments (``ten_length``, ``ten_J``) at random poses; MuJoCo
+trajectories of the same model (equality ``connect`` for a four-bar loop, fixed and spatial tendons with
+stiffness and damping); the momentum balance of one backward-Euler step (``M (v1 - v0) / h + c = tau``) for
+the force a tendon applies; the envelope inequalities themselves for the drives.
+
+Why the trajectory tolerances are what they are: our step is backward Euler (forces at the end of the step),
+MuJoCo's ``implicit`` integrator is semi-implicit Euler (positions and spring forces at the start, damping
+implicit). Both are first-order methods for the same ODE, so their trajectories differ by ``C h`` over a fixed
+time: the tests check that the difference is small at ``h = 1 ms`` *and* halves when ``h`` halves (ratio
+0.5 +- 0.15), which a modelling difference (a wrong force, a wrong Jacobian, another constraint
+stiffness) would not do: it leaves an ``O(1)`` floor that does not shrink with ``h``. The loop-closure
+constraint differs too (our spring of 50000 N/m, MuJoCo's soft constraint with its ``solref``); both keep
+the gap far below the difference being measured (< 0.1 mm against ~1 mrad), so it does not set a floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import kangengine as ke
+from kangengine.sim.constraints import constraint_rows
+from kangengine.sim.drives import with_drive_envelope
+
+mujoco = pytest.importorskip("mujoco")
+
+F64 = torch.float64
+NO_CONTACT = ke.sim.ContactParams(enabled=False)
+
+FOURBAR = """
+<mujoco model="fourbar">
+  <option timestep="0.001" integrator="implicit"/>
+  <default><geom contype="0" conaffinity="0"/></default>
+  <worldbody>
+    <body name="base">
+      <geom type="box" size="0.2 0.02 0.01" pos="0.15 0 -0.01" mass="2"/>
+      <body name="crank">
+        <joint name="crank" type="hinge" axis="0 1 0"/>
+        <geom type="capsule" fromto="0 0 0 0 0 0.2" size="0.01" mass="0.2"/>
+        <body name="coupler" pos="0 0 0.2">
+          <joint name="coupler" type="hinge" axis="0 1 0"/>
+          <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.01" mass="0.3"/>
+        </body>
+      </body>
+      <body name="rocker" pos="0.3 0 0">
+        <joint name="rocker" type="hinge" axis="0 1 0"/>
+        <geom type="capsule" fromto="0 0 0 0 0 0.2" size="0.01" mass="0.2"/>
+      </body>
+    </body>
+  </worldbody>
+  <equality>
+    <connect name="loop" body1="coupler" body2="rocker" anchor="0.3 0 0" solref="0.002 1"
+             solimp="0.99 0.999 0.001"/>
+  </equality>
+  <actuator>
+    <position name="crank" joint="crank" kp="20" kv="1"/>
+  </actuator>
+</mujoco>
+"""
+
+TENDONS = """
+<mujoco model="tendons">
+  <option integrator="implicit"/>
+  <default><geom contype="0" conaffinity="0"/></default>
+  <worldbody>
+    <body name="a" pos="0 0 1">
+      <joint name="j0" type="hinge" axis="0 1 0"/>
+      <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.03" mass="1"/>
+      <site name="s0" pos="0.1 0 0.05"/>
+      <body name="b" pos="0.3 0 0">
+        <joint name="j1" type="hinge" axis="0 1 0"/>
+        <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.03" mass="1"/>
+        <site name="s1" pos="0.2 0 0.05"/>
+        <site name="s2" pos="0.25 0.02 -0.04"/>
+        <body name="c" pos="0.3 0 0">
+          <joint name="j2" type="hinge" axis="1 0 0"/>
+          <geom type="capsule" fromto="0 0 0 0.2 0 0" size="0.03" mass="0.5"/>
+          <site name="s3" pos="0.1 0.03 0"/>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+  <tendon>
+    <fixed name="ft" stiffness="20" damping="1.5" springlength="0.1">
+      <joint joint="j0" coef="1"/>
+      <joint joint="j1" coef="-0.5"/>
+    </fixed>
+    <spatial name="st" stiffness="300" damping="2">
+      <site site="s0"/>
+      <site site="s1"/>
+      <site site="s3"/>
+    </spatial>
+    <spatial name="pulley" stiffness="150" damping="0.5">
+      <site site="s0"/>
+      <site site="s2"/>
+      <pulley divisor="2"/>
+      <site site="s2"/>
+      <site site="s3"/>
+    </spatial>
+  </tendon>
+</mujoco>
+"""
+
+
+# the same model with joint damping: an undamped triple pendulum is chaotic, and the tendon comparison is
+# about the tendon forces, not about how fast two integrators' round-off grows apart
+TENDONS_DAMPED = TENDONS.replace('axis="0 1 0"/>', 'axis="0 1 0" damping="0.3"/>').replace(
+    'axis="1 0 0"/>', 'axis="1 0 0" damping="0.1"/>'
+)
+
+
+def _write(tmp_path, name: str, xml: str) -> str:
+    path = tmp_path / name
+    path.write_text(xml)
+    return str(path)
+
+
+def _fourbar_model(path: str, **kw) -> ke.sim.Model:
+    desc = ke.asset.MJCFLoader.load(path)
+    return ke.sim.Model.from_desc(
+        desc,
+        free_root=False,
+        dtype=F64,
+        drive_stiffness={"crank": 20.0},
+        drive_damping={"crank": 1.0},
+        contact=NO_CONTACT,
+        **kw,
+    )
+
+
+def _crank_target(t: float) -> float:
+    return 0.5 * np.sin(2 * np.pi * t)
+
+
+# -- cycle joints ---------------------------------------------------------------------------------------
+
+
+def test_fourbar_stays_closed_under_gravity_and_drive(tmp_path):
+    path = _write(tmp_path, "fourbar.xml", FOURBAR)
+    model = _fourbar_model(path)
+    assert model.constraints.cycle_names == ("loop",)
+    assert float(model.constraints.stiffness[0]) == 50000.0  # the default of CycleJointDesc
+    h = 2e-3
+    sim = ke.sim.Simulator(model, dt=h)
+    state = ke.sim.State.neutral(model, 2)
+    qs = []
+    for i in range(500):
+        target = torch.zeros(2, 3, dtype=F64)
+        target[:, 0] = torch.tensor([_crank_target(i * h), -0.8 * _crank_target(i * h)])
+        state = sim.step(state, ke.sim.Control(q_target=target)).state
+        qs.append(state.q)
+    q = torch.cat(qs)
+    gap = constraint_rows(model, q).value[:3].norm(dim=0)
+    assert float(q[:, 0].abs().max()) > 0.3  # the mechanism really moved (crank swings ~0.5 rad)
+    assert float(gap.max()) < 1e-3  # closed to < 1 mm throughout
+    # the loop is what holds it: without the cycle row the rocker falls away from the coupler
+    open_model = _fourbar_model(path, cycle_stiffness=0.0)
+    st = ke.sim.Simulator(open_model, dt=2e-3)
+    s = ke.sim.State.neutral(open_model, 1)
+    s = ke.sim.State.from_q(open_model, s.q + 0.05)
+    for _ in range(150):
+        s = st.step(s).state
+    assert float(constraint_rows(open_model, s.q).value[:3].norm()) > 0.01
+
+
+def _fourbar_difference(model, mj, dt: float, duration: float = 0.5) -> float:
+    mj.opt.timestep = dt
+    data = mujoco.MjData(mj)
+    sim = ke.sim.Simulator(model, dt=dt, iterations=3)
+    state = ke.sim.State.neutral(model, 1)
+    worst = 0.0
+    for i in range(int(round(duration / dt))):
+        target = _crank_target(i * dt)
+        data.ctrl[0] = target
+        mujoco.mj_step(mj, data)
+        q_target = torch.zeros(1, 3, dtype=F64)
+        q_target[0, 0] = target
+        state = sim.step(state, ke.sim.Control(q_target=q_target)).state
+        worst = max(worst, float(np.abs(state.q[0].numpy() - data.qpos).max()))
+    return worst
+
+
+def test_fourbar_trajectory_agrees_with_mujoco_connect(tmp_path):
+    path = _write(tmp_path, "fourbar.xml", FOURBAR)
+    model = _fourbar_model(path)
+    mj = mujoco.MjModel.from_xml_path(path)
+    coarse = _fourbar_difference(model, mj, 2e-3)
+    fine = _fourbar_difference(model, mj, 1e-3)
+    assert coarse < 1e-2, coarse  # rad, over 0.5 s of a 0.5 rad swing
+    assert 0.35 < fine / coarse < 0.65, (coarse, fine)  # first order: the gap is integration error only
+
+
+# -- tendons --------------------------------------------------------------------------------------------
+
+
+def test_mjcf_reads_spatial_tendons_with_pulleys(tmp_path):
+    desc = ke.asset.MJCFLoader.load(_write(tmp_path, "tendons.xml", TENDONS))
+    assert [t.name for t in desc.tendons] == ["ft"]
+    assert desc.tendons[0].spring_length == (0.1, 0.1)
+    st, pulley = desc.spatial_tendons
+    assert st.site_bodies == ("a", "b", "c") and st.segments == ((0, 1), (1, 2))
+    assert pulley.segments == ((0, 1), (2, 3)) and pulley.segment_weights == (1.0, 0.5)
+    np.testing.assert_allclose(st.site_positions[2], [0.1, 0.03, 0.0])
+    assert (st.stiffness, st.damping) == (300.0, 2.0)
+
+
+def test_mjcf_skips_a_tendon_wrapping_a_geom_with_a_warning(tmp_path):
+    xml = TENDONS.replace(
+        '<site site="s3"/>\n    </spatial>\n    <spatial name="pulley"',
+        '<geom geom="wrap"/>\n      <site site="s3"/>\n    </spatial>\n    <spatial name="pulley"',
+        1,
+    )
+    xml = xml.replace(
+        '<site name="s3" pos="0.1 0.03 0"/>',
+        '<site name="s3" pos="0.1 0.03 0"/>\n          <geom name="wrap" type="sphere" size="0.01" pos="0.05 0 0.2"/>',
+    )
+    with pytest.warns(UserWarning, match="wraps around a geom"):
+        desc = ke.asset.MJCFLoader.load(_write(tmp_path, "wrap.xml", xml))
+    assert [t.name for t in desc.spatial_tendons] == ["pulley"]
+
+
+def _tendon_model(path: str) -> ke.sim.Model:
+    return ke.sim.Model.from_desc(ke.asset.MJCFLoader.load(path), free_root=False, dtype=F64, contact=NO_CONTACT)
+
+
+def _dense_tendon_moments(mj, data) -> np.ndarray:
+    """``[ntendon, nv]`` from MuJoCo's ``ten_J`` (dense or compressed-row, by version)."""
+    jac = np.asarray(data.ten_J).ravel()
+    if jac.size == mj.ntendon * mj.nv:
+        return jac.reshape(mj.ntendon, mj.nv)
+    out = np.zeros((mj.ntendon, mj.nv))
+    for t in range(mj.ntendon):
+        adr, nnz = int(mj.ten_J_rowadr[t]), int(mj.ten_J_rownnz[t])
+        out[t, mj.ten_J_colind[adr : adr + nnz]] = jac[adr : adr + nnz]
+    return out
+
+
+def test_tendon_lengths_and_moments_equal_mujoco(tmp_path):
+    path = _write(tmp_path, "tendons.xml", TENDONS)
+    model = _tendon_model(path)
+    assert model.constraints.names == ("ft", "st", "pulley")
+    mj = mujoco.MjModel.from_xml_path(path)
+    data = mujoco.MjData(mj)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        q = rng.uniform(-1.5, 1.5, 3)
+        data.qpos[:] = q
+        mujoco.mj_forward(mj, data)
+        rows = constraint_rows(model, torch.tensor(q[None]))
+        np.testing.assert_allclose(rows.value[:, 0].numpy(), data.ten_length, atol=1e-12)
+        np.testing.assert_allclose(rows.jacobian[0].numpy(), _dense_tendon_moments(mj, data), atol=1e-12)
+    # rest lengths: the file's springlength for ft, MuJoCo's compiled length at qpos0 for the spatial ones
+    np.testing.assert_allclose(model.constraints.spring_lower.numpy(), mj.tendon_lengthspring[:, 0], atol=1e-12)
+
+
+def test_tendon_force_equals_the_formula(tmp_path):
+    """One step's momentum balance: ``M (v1 - v0) / h + c(q0, v0) = J^T f`` with the tendon force
+    ``f = -(k (l - l0) + c dl/dt)`` at the end of the step (``l = l(q0) + h J v1``, the step's linearised
+    length; exact for the fixed tendon)."""
+    model = _tendon_model(_write(tmp_path, "tendons.xml", TENDONS))
+    h = 1e-3
+    sim = ke.sim.Simulator(model, dt=h, iterations=4, energy_correction=False)
+    q0 = torch.tensor([[0.4, -0.7, 0.9]], dtype=F64)
+    v0 = torch.tensor([[1.5, -2.0, 3.0]], dtype=F64)
+    v1 = sim.step(ke.sim.State.from_q(model, q0, v0)).state.qd
+    rows = constraint_rows(model, q0)
+    jac = rows.jacobian[0]
+    rate = jac @ v1[0]
+    length = rows.value[:, 0] + h * rate
+    c = model.constraints
+    force = -(c.stiffness * (length - c.spring_lower) + c.damping * rate)  # springlength is a point here
+    lhs = ke.sim.mass_matrix(model, q0)[0] @ (v1 - v0)[0] / h + ke.sim.bias_forces(model, q0, v0)[0]
+    np.testing.assert_allclose(lhs.numpy(), (jac.t() @ force).numpy(), rtol=1e-7, atol=1e-9)
+    assert float(force.abs().min()) > 0.1  # every tendon pulls in this pose
+
+
+def _tendon_difference(model, mj, dt: float, duration: float = 0.25) -> float:
+    mj.opt.timestep = dt
+    data = mujoco.MjData(mj)
+    q0 = np.array([0.5, -0.6, 0.8])
+    data.qpos[:] = q0
+    sim = ke.sim.Simulator(model, dt=dt, iterations=2)
+    state = ke.sim.State.from_q(model, torch.tensor(q0[None]))
+    worst = 0.0
+    for _ in range(int(round(duration / dt))):
+        mujoco.mj_step(mj, data)
+        state = sim.step(state).state
+        worst = max(worst, float(np.abs(state.q[0].numpy() - data.qpos).max()))
+    return worst
+
+
+def test_tendon_trajectory_agrees_with_mujoco(tmp_path):
+    path = _write(tmp_path, "tendons.xml", TENDONS_DAMPED)
+    model = _tendon_model(path)
+    assert float(model.dof_damping.min()) > 0
+    mj = mujoco.MjModel.from_xml_path(path)
+    coarse = _tendon_difference(model, mj, 2e-3)
+    fine = _tendon_difference(model, mj, 1e-3)
+    assert coarse < 1.5e-2, coarse
+    assert 0.35 < fine / coarse < 0.65, (coarse, fine)
+    # the tendons matter: without their rows the same start drifts far from MuJoCo's trajectory
+    bare = dataclasses.replace(model, constraints=None)
+    assert _tendon_difference(bare, mj, 2e-3) > 10 * coarse
+
+
+def test_spatial_tendon_range_is_a_limit(tmp_path):
+    # free of its spring, this tendon's length sweeps 0.495..0.62 m as the chain falls; the range stops it
+    xml = TENDONS.replace('<spatial name="st" stiffness="300" damping="2">', '<spatial name="st" range="0.52 0.615">')
+    model = ke.sim.Model.from_desc(
+        ke.asset.MJCFLoader.load(_write(tmp_path, "limit.xml", xml)),
+        free_root=False,
+        dtype=F64,
+        contact=NO_CONTACT,
+        tendon_limit_stiffness=1e5,
+        tendon_limit_damping=50.0,
+    )
+    assert model.constraints.lower[1] == 0.52 and model.constraints.upper[1] == 0.615
+    sim = ke.sim.Simulator(model, dt=2e-3)
+    state = ke.sim.State.from_q(model, torch.zeros(1, 3, dtype=F64))
+    qs = []
+    for _ in range(300):
+        state = sim.step(state).state
+        qs.append(state.q)
+    length = constraint_rows(model, torch.cat(qs)).value[1]
+    assert float(length.min()) > 0.52 - 2e-3 and float(length.max()) < 0.615 + 2e-3
+    assert float(length.min()) < 0.525  # gravity really pushed it to the bound
+
+
+# -- drive envelopes -----------------------------------------------------------------------------------
+
+
+HINGE = """
+<mujoco model="hinge">
+  <worldbody>
+    <body name="arm">
+      <joint name="j" type="hinge" axis="0 0 1"/>
+      <geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.02" mass="1.5"/>
+      <body name="fore" pos="0.4 0 0">
+        <joint name="k" type="hinge" axis="0 0 1"/>
+        <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.02" mass="1"/>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+def _envelope_model(path, **env):
+    model = ke.sim.Model.from_desc(
+        ke.asset.MJCFLoader.load(path),
+        free_root=False,
+        dtype=F64,
+        drive_stiffness=400.0,
+        drive_damping=5.0,
+        contact=NO_CONTACT,
+    )
+    return with_drive_envelope(model, **env)
+
+
+WHEEL = """
+<mujoco model="wheel">
+  <worldbody>
+    <body name="wheel">
+      <joint name="spin" type="hinge" axis="0 0 1" damping="0.05"/>
+      <geom type="cylinder" size="0.2 0.02" mass="2"/>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+ENVELOPE = {"max_effort": 6.0, "velocity_resistance": 0.5, "max_actuator_velocity": 9.0, "speed_effort_gradient": 1.2}
+
+
+def test_drive_at_its_envelope_never_leaves_the_feasible_region(tmp_path):
+    """A drive that alone moves its joint (a wheel about a vertical axis) asked for far targets, reversed
+    now and then so that it also brakes against the motion: every step's effort and speed satisfy both
+    envelope inequalities, and the drive reaches the envelope's corner speeds."""
+    env = ENVELOPE
+    model = _envelope_model(_write(tmp_path, "wheel.xml", WHEEL), **env)
+    h = 2e-3
+    sim = ke.sim.Simulator(model, dt=h)
+    worlds = 4
+    state = ke.sim.State.neutral(model, worlds)
+    targets = torch.tensor([[40.0], [-40.0], [3.0], [15.0]], dtype=F64)
+    speeds, efforts, saturated = [], [], 0
+    for i in range(500):
+        sign = 1.0 if (i // 125) % 2 == 0 else -1.0
+        res = sim.step(state, ke.sim.Control(q_target=state.q.detach() + sign * targets))
+        state = res.state
+        speeds.append(state.qd.abs())
+        efforts.append(res.drive_force.abs())
+        saturated += int(res.drive_saturated.sum())
+    s, e = torch.stack(speeds), torch.stack(efforts)
+    tol = 1e-9
+    assert bool((e <= env["max_effort"] - env["velocity_resistance"] * s + tol).all())
+    assert bool((s <= env["max_actuator_velocity"] - env["speed_effort_gradient"] * e + tol).all())
+    assert saturated > 500
+    # it got close to the no-load speed (effort 0 at 9 rad/s less damping) and used its full effort
+    assert float(s.max()) > 8.0 and float(e.max()) > 5.5
+    # the constant clamp alone would have let it run faster than the actuator can
+    plain = dataclasses.replace(model, drive_envelope=None)
+    plain = dataclasses.replace(plain, dof_effort_limit=torch.full_like(plain.dof_effort_limit, env["max_effort"]))
+    sim_plain, st = ke.sim.Simulator(plain, dt=h), ke.sim.State.neutral(plain, 1)
+    for _ in range(125):
+        st = sim_plain.step(st, ke.sim.Control(q_target=st.q + 40.0)).state
+    assert float(st.qd.abs().max()) > env["max_actuator_velocity"] + 1.0
+
+
+@pytest.mark.parametrize(
+    ("target", "iterations"),
+    [((20.0, -20.0), 2), ((-20.0, 20.0), 8)],
+    ids=["accelerating", "braking"],
+)
+def test_envelope_effort_reported_is_the_effort_applied(tmp_path, target, iterations):
+    """One step's momentum balance on a two-link arm with saturated, speed-limited drives:
+    ``M (v1 - v0) / h + c = tau_drive`` with the effort the step reports, which is the envelope's bound at
+    the step's final speed. Accelerating, Newton has the bound's slope and converges quadratically (the
+    default 2 iterations); braking, the bound is lagged (its slope would make the Hessian indefinite) and
+    converges linearly, so the balance is checked after 8."""
+    model = _envelope_model(_write(tmp_path, "hinge.xml", HINGE), **ENVELOPE)
+    h = 2e-3
+    sim = ke.sim.Simulator(model, dt=h, iterations=iterations, energy_correction=False)
+    state = ke.sim.State.from_q(model, torch.tensor([[0.3, -0.2]], dtype=F64), torch.tensor([[4.0, -6.0]], dtype=F64))
+    res = sim.step(state, ke.sim.Control(q_target=torch.tensor([target], dtype=F64)))
+    assert bool(res.drive_saturated.all())
+    q0, v0, v1 = state.q, state.qd, res.state.qd
+    lhs = (ke.sim.mass_matrix(model, q0)[0] @ (v1 - v0)[0]) / h + ke.sim.bias_forces(model, q0, v0)[0]
+    np.testing.assert_allclose(lhs.numpy(), res.drive_force[0].numpy(), rtol=0, atol=1e-5)
+    bound = model.drive_envelope.effort_bound(v1.abs().t()).t()
+    np.testing.assert_allclose(res.drive_force.abs().numpy(), bound.numpy(), rtol=1e-12)
+
+
+def test_max_joint_velocity_holds_whatever_drives_the_joint(tmp_path):
+    path = _write(tmp_path, "hinge.xml", HINGE)
+    model = _envelope_model(path, max_effort=50.0, max_joint_velocity=2.0)
+    sim = ke.sim.Simulator(model, dt=2e-3)
+    state = ke.sim.State.neutral(model, 1)
+    top = 0.0
+    for _ in range(300):  # the drive pulls hard and an external torque pushes too
+        res = sim.step(
+            state,
+            ke.sim.Control(
+                q_target=torch.tensor([[30.0, -30.0]], dtype=F64), tau_external=torch.tensor([[5.0, -5.0]], dtype=F64)
+            ),
+        )
+        state = res.state
+        top = max(top, float(state.qd.abs().max()))
+    assert 1.95 < top < 2.0 * (1 + 2e-3)
