@@ -404,9 +404,16 @@ def _row_groups(tasks: IKTasks, tables, nv: int) -> tuple[_RowGroup, ...]:
                 ground_mask=mask(cols, bodies[2][gi]),
             )
         )
-    if tasks.num_pairs:  # one group per set of DOFs a pair depends on (left foot - right foot, hand - hip, ...)
+    if tasks.num_pairs:  # one group per two chains (left arm - left leg, ...): a pair's DOFs are in its bodies' chains
         pb = tasks.capsule_body[tasks.pair].cpu().numpy()
-        sets = [tuple(np.flatnonzero(moves[:, a] | moves[:, b]).tolist()) for a, b in pb]
+        chains = [frozenset(g.cols.cpu().numpy().tolist()) for g in groups]
+
+        def chain_of(b):
+            own = frozenset(np.flatnonzero(moves[:, b]).tolist())
+            fits = [c for c in chains if own <= c]
+            return min(fits, key=len) if fits else own
+
+        sets = [tuple(sorted(chain_of(a) | chain_of(b))) for a, b in pb]
         empty = lt(np.zeros(0))
         for key in dict.fromkeys(sets):
             cols = np.array(key, dtype=np.int64)
@@ -487,7 +494,8 @@ def bounding_gaps(seg_world, pair, radius):
 
     mid = 0.5 * (seg_world[:, :, 0] + seg_world[:, :, 1])
     reach = radius + 0.5 * torch.linalg.norm(seg_world[0, :, 1] - seg_world[0, :, 0], dim=-1)
-    d = torch.linalg.norm(mid[:, pair[:, 0]] - mid[:, pair[:, 1]], dim=-1)
+    k = mid.shape[1]
+    d = torch.cdist(mid, mid).reshape(mid.shape[0], k * k)[:, pair[:, 0] * k + pair[:, 1]]  # all pairs at once
     return d - reach[pair].sum(-1)
 
 
