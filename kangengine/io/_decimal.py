@@ -355,7 +355,7 @@ def _compile(llvm):
     mod = llvm.parse_assembly(_IR if obj is None else "")  # an empty module when the object code is cached
     mod.verify()
     tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
-    if obj is None:
+    if obj is None and hasattr(llvm, "create_pass_builder"):  # llvmlite >= 0.44 (the new pass manager)
         pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
         pb.getModulePassManager().run(mod, pb)  # mem2reg and the rest: the variables live in registers
     built: list[bytes] = []
