@@ -153,3 +153,42 @@ def test_overlapping_links_are_pushed_apart(tmp_path):
     assert float(state.qd[0, 0]) > 0 and float(state.qd[0, 1]) == 0.0
     with pytest.raises(ValueError, match="self-collision"):
         Simulator(model, dt=0.005, solver="tree")
+
+
+def test_humanoid_self_penetration_is_flagged_with_mujocos_depths():
+    """Random (often self-penetrating) poses of the MuJoCo humanoid: every link-to-link contact MuJoCo finds
+    between two geoms we pair has our depth (the deepest of MuJoCo's contacts of that pair), and every pair
+    we report overlapping MuJoCo reports too, so a pose with hands or limbs through the body is flagged."""
+    path = data_file("mjcf/mujoco/humanoid.xml")
+    params = ke.sim.ContactParams(self_collision=True)
+    model = ke.sim.Model.from_desc(MJCFLoader.load(path), dtype=torch.float64, contact=params)
+    mj = mujoco.MjModel.from_xml_path(str(path))
+    d = mujoco.MjData(mj)
+    rng = np.random.default_rng(7)
+    n = 24
+    q = model.layout.neutral() + 1.2 * rng.normal(size=(n, model.nq))
+    q[:, :3] = [0.0, 0.0, 3.0]  # far above the floor: only link-to-link contacts
+    q[:, 3:7] /= np.linalg.norm(q[:, 3:7], axis=-1, keepdims=True)
+    from kangengine.sim.contact import self_contact_rows
+    from kangengine.sim.kinematics import compute_frames
+
+    sign = model.dof_moves_body[model.self_geom_body[model.self_pair_geom[:, 0]]]
+    rows = self_contact_rows(model, compute_frames(model, torch.as_tensor(q)), sign)
+    depth = rows.depth.t().numpy()  # [n, P]
+    index = {frozenset(p): k for k, p in enumerate(model.self_pair_names)}
+    flagged = 0
+    for w in range(n):
+        d.qpos[:] = q[w]
+        mujoco.mj_forward(mj, d)
+        theirs = {}
+        for c in d.contact[: d.ncon]:
+            pair = frozenset(mujoco.mj_id2name(mj, mujoco.mjtObj.mjOBJ_GEOM, g) for g in (c.geom1, c.geom2))
+            if pair in index:
+                theirs[pair] = max(theirs.get(pair, -np.inf), -c.dist)
+        for pair, k in index.items():
+            if pair in theirs:
+                assert depth[w, k] == pytest.approx(theirs[pair], abs=1e-9)
+            else:
+                assert depth[w, k] <= 1e-9
+        flagged += bool(theirs)
+    assert flagged >= n // 3  # the poses do penetrate, and we see it

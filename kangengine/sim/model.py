@@ -134,9 +134,9 @@ class Model:
         coupling_stiffness / coupling_damping ``[R]``; coupling_names. Fixed tendons with a range give
         limit rows, mimic joints give spring rows (``lower = upper = offset``).
     Self-collision filter:
-        collision_filter_pairs: body-name pairs that never collide with each other (adjacent links,
-        links welded by fixed joints or joined through a link without geometry, and the file's
-        exclusions).
+        collision_filter_pairs: body-name pairs that never collide with each other (adjacent links, also
+        across welded links as MuJoCo filters parents, links welded by fixed joints or joined through a
+        link without geometry, and the file's exclusions).
     Self-collision (``G`` geoms as segments with a radius, ``P`` pairs; empty unless
     ``ContactParams.self_collision``):
         self_geom_body ``[G]``; self_geom_center ``[G, 3]`` m and self_geom_axis ``[G, 3]`` m (segment centre
@@ -899,8 +899,9 @@ def _self_contact(desc: ArticulationDesc, filter_pairs, contact: ContactParams) 
 
 
 def _collision_filter(desc: ArticulationDesc) -> tuple[tuple[str, str], ...]:
-    """Body pairs that never collide: parent-child, links welded by fixed joints (no DOF) or joined
-    through a link without collision geometry, and the file's exclusions (reference: contact filter)."""
+    """Body pairs that never collide: parent-child (MuJoCo's rule, on weld groups), links welded by fixed
+    joints (no DOF) or joined through a link without collision geometry, and the file's exclusions
+    (reference: contact filter)."""
     nb = len(desc.bodies)
     has_geom = np.zeros(nb, dtype=bool)
     for g in desc.geoms:
@@ -927,9 +928,14 @@ def _collision_filter(desc: ArticulationDesc) -> tuple[tuple[str, str], ...]:
         while a >= 0 and not has_geom[a] and desc.bodies[a].parent >= 0:
             a = desc.bodies[a].parent
             add(b, a)
+    # MuJoCo's parent filter acts on weld groups: a link is not tested against the group its own group hangs
+    # from (a head welded to the torso never touches the upper arms hinged to that torso)
+    # (the group of a root without joints is the world's, which MuJoCo's filter leaves out)
+    up = [group[desc.bodies[group[b]].parent] if desc.bodies[group[b]].parent >= 0 else -1 for b in range(nb)]
+    up = [-1 if u >= 0 and desc.bodies[u].parent < 0 and not desc.bodies[u].joints else u for u in up]
     for a in range(nb):
         for b in range(a + 1, nb):
-            if group[a] == group[b]:
+            if group[a] == group[b] or up[a] == group[b] or up[b] == group[a]:
                 add(a, b)
     names = desc.body_names
     for n1, n2 in desc.contact_exclusions:
