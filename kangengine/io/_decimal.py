@@ -305,7 +305,7 @@ fail:
 
 _lock = threading.Lock()
 _kernel = None  # the ctypes function once built; False when it cannot be built here
-_CACHE_MAGIC = b"KANGENGINE-DECIMAL-OBJECT 1\n"
+_CACHE_MAGIC = b"KANGENGINE-DECIMAL-OBJECT 1\n"  # bump when the build options change (part of the key)
 
 
 def _cache_path(llvm, cpu: str, features: str) -> Path:
@@ -317,7 +317,8 @@ def _cache_path(llvm, cpu: str, features: str) -> Path:
     from ..animation.kinematics.native import cache_dir
 
     h = hashlib.sha256()
-    for part in (_IR, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), cpu, features):
+    llvm_version = ".".join(map(str, llvm.llvm_version_info))
+    for part in (_CACHE_MAGIC.decode(), _IR, llvmlite.__version__, llvm_version, cpu, features):
         h.update(part.encode())
         h.update(b"\0")
     return cache_dir().parent / "io-native" / f"decimal-{h.hexdigest()}.o"
