@@ -62,8 +62,10 @@ from .dynamics import inverse_dynamics, mass_matrix
 from .integrator import Simulator, cholesky_solve
 from .kinematics import link_jacobians, link_transforms
 from .model import Model, State
+from .wbc import whole_body_control
 
 __all__ = [
+    "Controller",
     "FeedForward",
     "TrackingSettings",
     "TrackingReference",
@@ -93,6 +95,22 @@ class FeedForward(str, enum.Enum):
     NONE = "none"
 
 
+class Controller(str, enum.Enum):
+    """How :func:`track` turns the reference into drive commands each step.
+
+    ``PD`` (default): the reference's feed-forward (:class:`FeedForward`) plus PD drives towards the reference
+    and the stance-leg balance correction of the targets (``balance``). ``WHOLE_BODY`` (experimental;
+    ``docs/tracking.md`` says what it achieves): the whole-body controller of :mod:`kangengine.sim.wbc`:
+    desired accelerations of every DOF, the free root included (reference acceleration plus pose and velocity
+    feedback), realised by joint torques and ground forces in linearised friction cones, applied as the
+    drives' feed-forward with the implicit PD drives as a damping layer around the planned next state. Both
+    fall on real mocap within about a second without root assistance (measured on CMU 02_01 and 01_01 crops).
+    """
+
+    WHOLE_BODY = "whole_body"
+    PD = "pd"
+
+
 @dataclass(frozen=True)
 class TrackingSettings:
     """How :func:`track` follows a reference.
@@ -106,7 +124,21 @@ class TrackingSettings:
         drive_damping_ratio: ``zeta``.
         drive_stiffness, drive_damping: explicit gains replacing the ones above: a scalar (every
             non-root DOF), an ``[nv]`` array, or a mapping from joint/DOF names to values.
-        feedforward: :class:`FeedForward`.
+        controller: :class:`Controller` (default ``PD``; ``WHOLE_BODY`` is experimental, see ``docs/tracking.md``).
+        wbc_root_frequency_hz, wbc_joint_frequency_hz: natural frequencies of the whole-body controller's
+            acceleration feedback ``Kp = w^2``, ``Kd = 2 zeta w`` on the root pose and on the joints.
+        wbc_damping_ratio: its ``zeta``.
+        wbc_root_weight, wbc_joint_weight: weights of the root's and the joints' acceleration errors (times
+            the inertia about each DOF, :func:`drive_gains`' ``I_i``).
+        wbc_stance_settle_s: s, the stance bodies' twists are brought to rest at this rate (a hard constraint
+            of the plan: a body the reference stands on and that touches the ground does not slip or roll).
+        wbc_contact_height: m, a simulated contact point of a body the reference stands on may carry load in
+            the plan when it is this close to the ground (the penalty contact pushes only when it touches).
+        wbc_iterations: projected-gradient iterations of the per-step force distribution.
+        wbc_drive_scale: the implicit PD drives around the planned next state use :func:`drive_gains`
+            times this (a damping layer; the whole-body torques do the tracking).
+        feedforward: :class:`FeedForward` (``Controller.PD`` only; the whole-body controller computes its
+            own torques each step).
         smoothing_s: standard deviation (s) of the Gaussian smoothing of the reference before it is
             differentiated; 0 turns it off.
         contact_height: m, a reference contact point this close to the ground (or below) may carry load
@@ -152,6 +184,16 @@ class TrackingSettings:
     drive_damping_ratio: float = 1.0
     drive_stiffness: float | Sequence[float] | Mapping[str, float] | None = None
     drive_damping: float | Sequence[float] | Mapping[str, float] | None = None
+    controller: Controller = Controller.PD
+    wbc_root_frequency_hz: float = 2.0
+    wbc_joint_frequency_hz: float = 6.0
+    wbc_damping_ratio: float = 1.0
+    wbc_root_weight: float = 10.0
+    wbc_joint_weight: float = 1.0
+    wbc_stance_settle_s: float = 0.05
+    wbc_contact_height: float = 0.005
+    wbc_iterations: int = 40
+    wbc_drive_scale: float = 0.25
     feedforward: FeedForward = FeedForward.CONTACT
     smoothing_s: float = 0.02
     contact_height: float = 0.03
@@ -181,6 +223,7 @@ class TrackingSettings:
         if not (self.dt > 0 and math.isfinite(self.dt)):
             raise ShapeError(f"dt is {self.dt}; expected a positive number of seconds", item="TrackingSettings.dt")
         object.__setattr__(self, "feedforward", FeedForward(self.feedforward))
+        object.__setattr__(self, "controller", Controller(self.controller))
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise ShapeError(
                 f"threads is {self.threads!r}; expected None or an int >= 1", item="TrackingSettings.threads"
@@ -637,6 +680,7 @@ def prepare_reference(
     cheight = torch.zeros(n_total, bc, dtype=dt_, device=dev)
     body_pos = torch.zeros(n_total, model.num_bodies, 3, dtype=dt_, device=dev)
     raw_points = torch.zeros(n_total, model.num_contact_points, 3, dtype=dt_, device=dev)
+    raw_quat = torch.zeros(n_total, model.num_bodies, 4, dtype=dt_, device=dev)
     free = model.layout.free_root
     j0 = _first_joint_dof(model)
     scalar = model.dof_is_scalar.to(dt_)
@@ -664,6 +708,7 @@ def prepare_reference(
                 unsup[s:e] = tau[:, :6]
             rpos, rquat = link_transforms(model, QR[s:e])
             raw_points[s:e] = _contact_points(model, rpos, rquat)
+            raw_quat[s:e] = rquat
             body_pos[s:e] = rpos
         else:
             body_pos[s:e], _ = link_transforms(model, QR[s:e])
@@ -685,7 +730,15 @@ def prepare_reference(
         lo, hi = st[clip_of], st[clip_of] + ct[clip_of] - 1
         nxt, prv = torch.minimum(row + 1, hi), torch.maximum(row - 1, lo)
         span = ((nxt - prv).clamp(min=1) * dt).to(dt_)
-        vel = (raw_points[nxt, :, :2] - raw_points[prv, :, :2]) / span[:, None, None]
+        # slip, not rolling: the velocity of the body's material point under each contact point (the lowest
+        # point of a rolling sphere moves while the material point touching the ground stands still)
+        pb = model.contact_point_body
+        local = R.quat_rotate_inverse(raw_quat[:, pb], raw_points - body_pos[:, pb])  # [N, C, 3] body frame
+
+        def material(rows):
+            return body_pos[rows][:, pb] + R.quat_rotate(raw_quat[rows][:, pb], local)
+
+        vel = (material(nxt)[..., :2] - material(prv)[..., :2]) / span[:, None, None]
         speed = torch.linalg.vector_norm(vel, dim=-1)
         h = raw_points[..., 2] - model.contact.ground_height
         # per body: its lowest point, and that point's speed
@@ -929,9 +982,15 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
     dev = model.device
     free = model.layout.free_root
     j0 = _first_joint_dof(model)
-    balance = free and settings.balance and settings.balance_gain > 0 and model.num_contact_points > 0
+    use_wbc = free and settings.controller is Controller.WHOLE_BODY
+    balance = not use_wbc and free and settings.balance and settings.balance_gain > 0 and model.num_contact_points > 0
     counts, starts = ref.clip_step_count, ref.clip_step_start
     kp, kd = drive_gains(model, settings)
+    wbc = None
+    if use_wbc:
+        wbc = _WholeBody(model, ref, settings)
+        kp, kd = kp.clone(), kd.clone()
+        kp[6:], kd[6:] = kp[6:] * settings.wbc_drive_scale, kd[6:] * settings.wbc_drive_scale
     bc = int(ref.contact_bodies.shape[0])
     body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
     body_slot[ref.contact_bodies] = torch.arange(bc, device=dev)
@@ -971,16 +1030,19 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
             continue
         ni = st + torch.minimum(run.k + 1, counts[run.clip] - 1)
         state = run.state
-        q_tgt, qd_tgt = ref.q[ni], ref.qd[ni]
-        if balance:
-            q_tgt, qd_tgt = _stance_correction(
-                model, state.q, state.qd, q_tgt, qd_tgt, run.prev_normal, settings, j0, pos, quat
-            )
         m = run.clip.shape[0]
+        if wbc is not None:
+            q_tgt, qd_tgt, tau_ff = wbc.command(state, ci, ni)
+        else:
+            q_tgt, qd_tgt, tau_ff = ref.q[ni], ref.qd[ni], ref.feedforward[ci]
+            if balance:
+                q_tgt, qd_tgt = _stance_correction(
+                    model, state.q, state.qd, q_tgt, qd_tgt, run.prev_normal, settings, j0, pos, quat
+                )
         ctrl = Control(
             q_target=q_tgt,
             qd_target=qd_tgt,
-            tau_feedforward=ref.feedforward[ci],
+            tau_feedforward=tau_ff,
             drive_stiffness=kp.expand(m, -1),
             drive_damping=kd.expand(m, -1),
         )
@@ -1016,6 +1078,82 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
     k_all = torch.arange(logs.q.shape[0], device=dev)
     hold = torch.minimum(k_all[:, None], logs.stop_step.clamp(min=0)[None, :])
     logs.q = logs.q[hold, torch.arange(w, device=dev)[None, :]]
+
+
+class _WholeBody:
+    """Per-step commands of :attr:`Controller.WHOLE_BODY` (:func:`~kangengine.sim.wbc.whole_body_control`):
+    desired accelerations from the reference row ``ci`` of each world, then the planned torques as the
+    drives' feed-forward and the planned next state as their targets."""
+
+    def __init__(self, model: Model, ref: TrackingReference, settings: TrackingSettings):
+        self.model, self.ref, self.settings = model, ref, settings
+        dev, dt_ = model.device, model.dtype
+        nv = model.nv
+        wr = 2.0 * math.pi * settings.wbc_root_frequency_hz
+        wj = 2.0 * math.pi * settings.wbc_joint_frequency_hz
+        z = settings.wbc_damping_ratio
+        freq = torch.full((nv,), wj, dtype=dt_, device=dev)
+        freq[:6] = wr
+        self.kp, self.kd = freq * freq, 2.0 * z * freq
+        self.implicit = 1.0 / (1.0 + settings.dt * self.kd + settings.dt**2 * self.kp)
+        weight = torch.full((nv,), settings.wbc_joint_weight, dtype=dt_, device=dev)
+        weight[:6] = settings.wbc_root_weight
+        self.dof_weight = weight * _axis_inertia(model).clamp(min=1e-6)
+        mu = (
+            torch.full_like(model.contact_friction, float(settings.friction))
+            if settings.friction is not None
+            else model.contact_friction
+        )
+        self.friction = mu * settings.friction_margin
+        bc = int(ref.contact_bodies.shape[0])
+        body_slot = torch.full((model.num_bodies,), -1, dtype=torch.int64, device=dev)
+        body_slot[ref.contact_bodies] = torch.arange(bc, device=dev)
+        self.point_slot = body_slot[model.contact_point_body]
+        self.scalar = model.dof_is_scalar.to(dt_)
+        ever = (ref.contact_height < settings.contact_height).any(0)  # [Bc] bodies the references stand on
+        self.stance_candidates = ref.contact_bodies[ever]
+
+    def command(self, state: State, ci: torch.Tensor, ni: torch.Tensor):
+        """``(q_target [S, nq], qd_target [S, nv], tau_feedforward [S, nv])`` for the states at reference rows
+        ``ci [S]`` (``ni``: the next rows, the root assistance's target when it is on)."""
+        model, ref, st = self.model, self.ref, self.settings
+        q, qd = state.q, state.qd
+        err = model.layout.difference(ref.q[ci], q)
+        derr = ref.qd[ci] - qd
+        # the feedback evaluated at the end of the step (backward Euler, as the simulator): stable at any gain
+        qdd_des = ref.qdd[ci] + (self.kp * (err + st.dt * derr) + self.kd * derr) * self.implicit
+        stance_c = ref.contact_height[ci] < st.contact_height  # [S, Bc] the reference stands on these
+        allowed = stance_c[:, self.point_slot]
+        stance_body = torch.zeros(q.shape[0], model.num_bodies, dtype=torch.bool, device=q.device)
+        stance_body[:, ref.contact_bodies] = stance_c
+        cmd = whole_body_control(
+            model,
+            q,
+            qd,
+            qdd_des,
+            allowed,
+            stance_body,
+            self.stance_candidates,
+            dof_weight=self.dof_weight,
+            stance_time=st.wbc_stance_settle_s,
+            friction=self.friction,
+            contact_height=st.wbc_contact_height,
+            max_points=st.fit_points,
+            iterations=st.wbc_iterations,
+        )
+        v_next = qd + st.dt * cmd.qdd
+        q_next = model.layout.integrate(q, v_next, st.dt)
+        # the implicit step applies the passive springs and dampers at the end-of-step state: compensate them
+        # there (a light, heavily damped DOF such as a toe would otherwise not follow the plan)
+        qs = q_next[:, model.dof_q_index] * self.scalar
+        spring = model.dof_spring_stiffness * (qs - model.dof_spring_ref) * self.scalar
+        passive = model.dof_damping * v_next + spring
+        tau = cmd.tau + passive
+        tau[:, :6] = 0.0
+        if st.root_assist_frequency_hz > 0:  # the virtual root drive pulls towards the reference
+            q_next = torch.cat([ref.q[ni, :7], q_next[:, 7:]], -1)
+            v_next = torch.cat([ref.qd[ni, :6], v_next[:, 6:]], -1)
+        return q_next, v_next, tau
 
 
 def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0, pos, quat):

@@ -105,7 +105,9 @@ class ValidationThresholds:
         penetration_warn, penetration_reject: m, deepest reference contact point below the ground.
         limit_warn: rad (m), largest reference joint-limit violation.
         effort_ratio: the feed-forward a frame needs, as a multiple of a DOF's effort limit, above which
-            that frame is over the limit; effort_warn: fraction of such frames.
+            that frame is over the limit; effort_warn, effort_reject: fraction of such frames (a model whose
+            actuators are far too weak for the motion, e.g. a tenth of the CMU humanoid's, needs it in every
+            frame; a real walk on the real model in none).
     Root assistance (only when used):
         assist_force_ok, assist_force_reject: mean assistance force as a fraction of ``m g``.
         assist_torque_ok, assist_torque_reject: m, mean assistance torque / ``m g``.
@@ -134,6 +136,7 @@ class ValidationThresholds:
     limit_warn: float = 0.05
     effort_ratio: float = 3.0
     effort_warn: float = 0.1
+    effort_reject: float = 0.5
     assist_force_ok: float = 0.15
     assist_force_reject: float = 0.3
     assist_torque_ok: float = 0.05
@@ -537,7 +540,8 @@ def rule_joint_limits(e: ClipEvidence) -> list[Reason]:
 
 
 def rule_effort_over_limit(e: ClipEvidence) -> list[Reason]:
-    """``effort_over_limit`` (warn): the feed-forward exceeds ``effort_ratio`` x a DOF's effort limit too often."""
+    """``effort_over_limit`` (warn/reject): the feed-forward exceeds ``effort_ratio`` x a DOF's effort limit
+    too often (reject: in more than ``effort_reject`` of the frames)."""
     th, m = e.thresholds, e.metrics
     frac = m["feedforward_over_threshold_fraction"]
     if frac <= th.effort_warn:
@@ -547,7 +551,8 @@ def rule_effort_over_limit(e: ClipEvidence) -> list[Reason]:
         f"in {frac:.0%} of frames the motion needs more than {th.effort_ratio:g}x a DOF's effort limit "
         f"(95th percentiles: {worst})"
     )
-    return [_reason("effort_over_limit", "warn", msg, frac, th.effort_warn)]
+    sev, thr = _graded(frac, th.effort_warn, th.effort_reject)
+    return [_reason("effort_over_limit", sev, msg, frac, thr)]
 
 
 def rule_root_assistance(e: ClipEvidence) -> list[Reason]:

@@ -1,0 +1,185 @@
+"""Verdicts of real clips and of made-infeasible variants, pinned per clip, and the whole-body controller's
+plan checked against the simulator and inverse dynamics.
+
+Clips: CMU 02_01 (walk) retargeted onto the CMU humanoid with ``cmu_bvh_to_cmu_humanoid`` (feet levelled),
+validated with the documented walk settings (docs/tracking.md, "Tracking a real walk": 1 Hz root
+assistance, reported). The variants: the walk played 3x fast (``impossible_dynamics``), and the same walk
+on the CMU humanoid with a tenth of its effort limits (``effort_over_limit``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import data_file
+
+import kangengine as ke
+from kangengine.sim import TrackingSettings, Verdict
+from kangengine.sim import tracking as T
+from kangengine.sim.control import Control
+from kangengine.sim.dynamics import inverse_dynamics
+from kangengine.sim.kinematics import link_jacobians, link_transforms
+from kangengine.sim.wbc import contact_points, point_generalized_forces
+
+WALK_SETTINGS = TrackingSettings(root_assist_frequency_hz=1.0)
+
+
+def _model(desc, layout, dtype=torch.float32):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ke.sim.Model.from_desc(desc, layout, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def cmu():
+    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    return desc, layout
+
+
+@pytest.fixture(scope="module")
+def walk(cmu):
+    desc, layout = cmu
+    bvh = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
+    on_robot = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
+    return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_robot, clamp_to_limits=True).motion
+
+
+@pytest.fixture(scope="module")
+def verdicts(cmu, walk, tmp_path_factory):
+    desc, layout = cmu
+    model = _model(desc, layout)
+    fast = ke.animation.ArticulationMotion(walk.q, walk.qd * 3.0, walk.fps() * 3.0, walk.layout_signature)
+    out = {}
+    res = ke.pipelines.validate(
+        model, {"walk": walk, "walk_3x_fast": fast}, out_dir=tmp_path_factory.mktemp("v"), settings=WALK_SETTINGS
+    )
+    out.update({r.name: r for r in res.reports})
+    weak = dataclasses.replace(model, dof_effort_limit=model.dof_effort_limit * 0.1)
+    res = ke.pipelines.validate(
+        weak, {"walk_10pct_effort": walk}, out_dir=tmp_path_factory.mktemp("w"), settings=WALK_SETTINGS, plots=False
+    )
+    out.update({r.name: r for r in res.reports})
+    return out
+
+
+# clip -> (verdict, first reason code: the first warn/reject reason, or the info one of an ok clip)
+PINNED = {
+    "walk": (Verdict.OK, "root_assistance"),
+    "walk_3x_fast": (Verdict.REJECT, "impossible_dynamics"),
+    "walk_10pct_effort": (Verdict.REJECT, "effort_over_limit"),
+}
+
+
+@pytest.mark.parametrize("clip", sorted(PINNED))
+def test_pinned_verdicts(verdicts, clip):
+    rep = verdicts[clip]
+    verdict, first = PINNED[clip]
+    assert rep.verdict is verdict, [r.message for r in rep.reasons]
+    assert [r.code for r in rep.reasons][0] == first, [r.code for r in rep.reasons]
+
+
+def test_feasible_walk_numbers(verdicts):
+    m = verdicts["walk"].metrics
+    assert m["body_error_mean_m"] < 0.05 and m["fell_at_s"] is None
+    # levelled feet roll over heel and toe: rolling is not slip, so the real walk does not skate
+    assert m["skating_fraction"] < 0.15 and m["contact_fraction"] > 0.95
+    assert m["feedforward_over_threshold_fraction"] < 0.1
+
+
+def test_infeasible_variant_numbers(verdicts):
+    fast = verdicts["walk_3x_fast"]
+    assert fast.metrics["impossible_fraction"] > 0.2  # the ground cannot push 9x the accelerations
+    weak = verdicts["walk_10pct_effort"]
+    r = weak.reasons[0]
+    assert r.severity.value == "reject" and r.value > r.threshold
+    assert weak.metrics["feedforward_ratio_median"] > 10  # a tenth of the actuators: ten times over the limit
+    assert weak.metrics["body_error_mean_m"] < 0.05  # tracked (effort is reported, not clamped) and still refused
+
+
+# -- the whole-body controller ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wbc64(cmu, walk):
+    desc, layout = cmu
+    model = _model(desc, layout, torch.float64)
+    st = TrackingSettings(controller="whole_body", dt=1.0 / 120.0)
+    ref = T.prepare_reference(model, [walk[:60]], st)
+    return model, st, ref, T._WholeBody(model, ref, st)
+
+
+def test_wbc_plan_is_what_the_simulator_does_in_flight(wbc64):
+    """Lifted 1 m off the ground (no contact), the simulator's implicit step under the controller's torques
+    and drive targets lands on the planned accelerations (the planned passive forces included)."""
+    model, st, ref, wbc = wbc64
+    sim_model = dataclasses.replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
+    sim = ke.sim.Simulator(sim_model, dt=st.dt, iterations=4, check_inputs=False)
+    rows = torch.tensor([10, 30, 50])
+    q = ref.q[rows].clone()
+    q[:, 2] += 1.0
+    state = ke.sim.State.from_q(model, q, ref.qd[rows])
+    q_t, qd_t, tau = wbc.command(state, rows, rows + 1)
+    kp, kd = T.drive_gains(model, st)
+    out = sim.step(state, Control(q_target=q_t, qd_target=qd_t, tau_feedforward=tau, drive_stiffness=kp * 0.25))
+    np.testing.assert_allclose(out.state.qd.numpy(), qd_t.numpy(), atol=1e-6)
+    assert float(tau[:, :6].abs().max()) == 0.0  # the root is not actuated
+    # in flight the root follows the whole body's momentum: its rows of inverse dynamics vanish
+    acc = (qd_t - state.qd) / st.dt
+    np.testing.assert_allclose(inverse_dynamics(model, state.q, state.qd, acc)[:, :6].numpy(), 0.0, atol=1e-3)
+
+
+def test_wbc_plan_in_contact_obeys_newton_euler_friction_and_stance(wbc64):
+    """On the ground: the root rows of inverse dynamics of the plan equal the root rows of the planned ground
+    forces (RNEA against the contact Jacobians), every force is in the friction pyramid and pushes, and the
+    stance bodies' twists come to rest at the commanded rate."""
+    from kangengine.sim.wbc import whole_body_control
+
+    model, st, ref, wbc = wbc64
+    rows = torch.tensor([5, 25, 45])
+    state = ke.sim.State.from_q(model, ref.q[rows], ref.qd[rows])
+    stance_c = ref.contact_height[rows] < st.contact_height
+    stance_body = torch.zeros(3, model.num_bodies, dtype=torch.bool)
+    stance_body[:, ref.contact_bodies] = stance_c
+    cmd = whole_body_control(
+        model,
+        state.q,
+        state.qd,
+        torch.zeros_like(state.qd),
+        stance_c[:, wbc.point_slot],
+        stance_body,
+        wbc.stance_candidates,
+        dof_weight=wbc.dof_weight,
+        stance_time=st.wbc_stance_settle_s,
+        friction=wbc.friction,
+        contact_height=0.01,
+        max_points=16,
+        iterations=200,
+    )
+    pos, quat = link_transforms(model, state.q)
+    jac = link_jacobians(model, state.q)
+    pts = torch.gather(contact_points(model, pos, quat), 1, cmd.contact_index[..., None].expand(-1, -1, 3))
+    gen = point_generalized_forces(jac, pos, pts, model.contact_point_body[cmd.contact_index], cmd.contact_force)
+    need = inverse_dynamics(model, state.q, state.qd, cmd.qdd)
+    np.testing.assert_allclose(need[:, :6].numpy(), gen[:, :6].numpy(), atol=1e-6 * model.total_mass * 9.81)
+    np.testing.assert_allclose((need - gen)[:, 6:].numpy(), cmd.tau[:, 6:].numpy(), atol=1e-6)
+    f = cmd.contact_force
+    mu = wbc.friction[cmd.contact_index]
+    assert float(f[..., 2].min()) >= 0.0 and float(f[..., 2].sum(-1).min()) > 0.3 * model.total_mass * 9.81
+    assert bool(((f[..., 0].abs() + f[..., 1].abs()) <= mu * f[..., 2] + 1e-6).all())
+    # the stance bodies touching the ground: J_b qdd = -J_b qd / stance_time
+    height = contact_points(model, pos, quat)[..., 2]
+    low = torch.full((3, model.num_bodies), math.inf, dtype=height.dtype).scatter_reduce(
+        1, model.contact_point_body.expand(3, -1), height, "amin"
+    )
+    candidate = torch.zeros(model.num_bodies, dtype=torch.bool)
+    candidate[wbc.stance_candidates] = True
+    on = stance_body & (low < 0.01) & candidate
+    assert bool(on.any())
+    want = -torch.einsum("wbiv,wv->wbi", jac, state.qd) / st.wbc_stance_settle_s
+    got = torch.einsum("wbiv,wv->wbi", jac, cmd.qdd)
+    np.testing.assert_allclose(got[on].numpy(), want[on].numpy(), rtol=1e-4, atol=1e-4)
