@@ -35,6 +35,8 @@ from .robot_metrics import robot_retarget_metrics
 from .self_collision import (
     CollisionCapsules,
     capsule_gaps,
+    collision_depth,
+    pair_clearance,
     robot_capsules,
     self_collision_pairs,
     source_intersections,
@@ -383,13 +385,14 @@ class _SelfCollision:
 
     caps: CollisionCapsules
     pairs: np.ndarray  # [C, 2] capsule indices
-    clearance: np.ndarray  # [C] m, the gap each pair keeps (negative: overlapping proxies at rest)
+    rest_gap: np.ndarray  # [C] m, the gap of each pair in the neutral pose (negative: overlapping proxies)
+    clearance: np.ndarray  # [C] m, the gap each pair keeps (:func:`.self_collision.pair_clearance`)
 
 
 def _self_collision(desc, layout, mpath, cfg) -> _SelfCollision:
     caps = robot_capsules(desc, layout, mpath)
-    pairs, clearance = self_collision_pairs(desc, layout, caps, margin=float(cfg.solver.self_collision_margin))
-    return _SelfCollision(caps, pairs, clearance)
+    pairs, rest = self_collision_pairs(desc, layout, caps)
+    return _SelfCollision(caps, pairs, rest, pair_clearance(rest, float(cfg.solver.self_collision_margin)))
 
 
 def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t) -> IKTasks:
@@ -552,12 +555,11 @@ def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, dev
 
 def self_collision_metrics(layout, q, sc: _SelfCollision, tg: _Targets, src: _Source, motion) -> dict:
     """Robot self-collision frames (capsule proxies, every checked pair: two proxies intersecting by more than
-    :data:`SELF_COLLISION_TOLERANCE_M`, or for proxies that overlap at rest, deeper than at rest beyond the
-    margin) next to the source's own intersections
+    :data:`SELF_COLLISION_TOLERANCE_M`, or for proxies that overlap at rest, deeper than at rest by more than
+    that) next to the source's own intersections
     (capsules around the correspondence bones, :func:`.self_collision.source_intersections`)."""
-    allowed = np.minimum(sc.clearance, 0.0)  # [C] the deepest overlap that is not a collision
-    gaps = capsule_gaps(layout, q, sc.caps, sc.pairs, within=float(allowed.max()) if allowed.size else 0.0)
-    depth = allowed[None] - gaps if gaps.size else np.zeros((q.shape[0], 0))
+    gaps = capsule_gaps(layout, q, sc.caps, sc.pairs, within=0.0)
+    depth = collision_depth(gaps, sc.rest_gap[None]) if gaps.size else np.zeros((q.shape[0], 0))
     robot = (depth > SELF_COLLISION_TOLERANCE_M).any(1) if gaps.size else np.zeros(q.shape[0], dtype=bool)
     parents = np.asarray(motion.tree.parent_indices)
     source = source_intersections(tg.source_joints, tg.scale * src.rest_pos, parents, tg.source_bones)
@@ -567,7 +569,7 @@ def self_collision_metrics(layout, q, sc: _SelfCollision, tg: _Targets, src: _So
         "source_self_intersection_frames": int(source.sum()),
         "self_collision_frames_beyond_source": int((robot & ~source).sum()),
         "self_collision_pairs_checked": int(sc.pairs.shape[0]),
-        "self_collision_pairs_overlapping_at_rest": int((sc.clearance < 0).sum()),
+        "self_collision_pairs_overlapping_at_rest": int((sc.rest_gap < 0).sum()),
         "self_collision_proxies": {k: sc.caps.kind.count(k) for k in dict.fromkeys(sc.caps.kind)},
     }
 

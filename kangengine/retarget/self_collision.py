@@ -7,9 +7,12 @@ source skeleton's own intersections (numpy; the solver's penalty uses the same c
   principal axis of its vertices that has the least volume. Every proxy encloses its geom, so proxies apart
   means geoms apart.
 * Pairs: two proxies on different bodies whose collision bits meet (MuJoCo's ``contype``/``conaffinity``),
-  except parent-child bodies (MuJoCo's parent filter) and the model's contact exclusions. Each keeps a
-  clearance: the margin, or for proxies that already overlap in the neutral pose (an enclosing capsule is
-  fatter than its mesh) their rest gap less the margin: they may not go deeper than they are at rest.
+  except parent-child bodies (MuJoCo's parent filter), near relatives (an ancestor with at most one colliding
+  link between: their proxies interlock at the joint) and the model's contact exclusions. Each keeps a
+  clearance (:func:`pair_clearance`): the margin, or for proxies that already overlap in the neutral pose (an
+  enclosing capsule is fatter than its mesh: the G1's arms hang against its torso) their rest gap plus the
+  margin: they overlap at least the margin less than at rest. A collision (the metric) is a pair deeper than
+  zero, or than its rest overlap.
 * Source: a capsule of :data:`SOURCE_LIMB_RADIUS_M` around every bone that ends at a source body of a
   correspondence (after scaling to the robot); two bones that share no joint intersect when their gap is
   negative. A robot self-collision frame where the source also intersects is the source's own.
@@ -23,7 +26,15 @@ import numpy as np
 
 from .. import rotations as R
 
-__all__ = ["CollisionCapsules", "robot_capsules", "self_collision_pairs", "capsule_gaps", "source_intersections"]
+__all__ = [
+    "CollisionCapsules",
+    "robot_capsules",
+    "self_collision_pairs",
+    "pair_clearance",
+    "collision_depth",
+    "capsule_gaps",
+    "source_intersections",
+]
 
 #: radius (m, after scaling) of the capsule around each source bone for the source's own intersections
 SOURCE_LIMB_RADIUS_M = 0.035
@@ -182,10 +193,25 @@ def capsule_gaps(layout, q, caps: CollisionCapsules, pairs: np.ndarray, *, withi
     return out.numpy()
 
 
-def self_collision_pairs(desc, layout, caps: CollisionCapsules, *, margin: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(pairs [C, 2] int64 capsule indices, clearance [C] m)``: the pairs that may touch and the gap each must
-    keep: ``margin``, or for a pair already closer than ``2 margin`` in the neutral pose (proxies of neighbouring
-    links overlap where their geoms do not) its rest gap less ``margin``, i.e. no deeper than at rest."""
+def _near_relatives(bi: np.ndarray, bj: np.ndarray, parents: np.ndarray, colliding: set) -> np.ndarray:
+    """``[C] bool``: one body is an ancestor of the other with at most one colliding body between them (a
+    grandparent, or an ancestor across links without geoms such as the G1's waist): their relative motion is
+    one or two joints right at the contact, and their proxies overlap where the meshes fit into each other."""
+    out = np.zeros(bi.shape[0], dtype=bool)
+    for k, (a, b) in enumerate(zip(bi.tolist(), bj.tolist())):  # once per model, over pairs
+        for lo, hi in ((a, b), (b, a)):
+            between, x = 0, parents[lo]
+            while x >= 0 and x != hi:
+                between += x in colliding
+                x = parents[x]
+            if x == hi and between <= 1:
+                out[k] = True
+    return out
+
+
+def self_collision_pairs(desc, layout, caps: CollisionCapsules) -> tuple[np.ndarray, np.ndarray]:
+    """``(pairs [C, 2] int64 capsule indices, rest_gap [C] m)``: the pairs that may touch and their gap in the
+    neutral pose (negative where the proxies of neighbouring links overlap although their geoms do not)."""
     k = caps.num_capsules
     if k < 2:
         return np.zeros((0, 2), dtype=np.int64), np.zeros(0)
@@ -194,6 +220,7 @@ def self_collision_pairs(desc, layout, caps: CollisionCapsules, *, margin: float
     parents = np.asarray(layout.parent_indices)
     ok = bi != bj
     ok &= (parents[bi] != bj) & (parents[bj] != bi)
+    ok &= ~_near_relatives(bi, bj, parents, set(caps.body.tolist()))
     ok &= ((caps.bits[i, 0] & caps.bits[j, 1]) | (caps.bits[j, 0] & caps.bits[i, 1])) != 0
     excl = set()
     for a, b in getattr(desc, "contact_exclusions", ()) or ():
@@ -203,7 +230,17 @@ def self_collision_pairs(desc, layout, caps: CollisionCapsules, *, margin: float
         ok &= np.array([frozenset((int(a), int(b))) not in excl for a, b in zip(bi, bj)], dtype=bool)
     pairs = np.stack([i[ok], j[ok]], 1).astype(np.int64)
     rest = capsule_gaps(layout, layout.neutral()[None], caps, pairs)[0]
-    return pairs, np.minimum(margin, rest - margin)
+    return pairs, rest
+
+
+def pair_clearance(rest_gap: np.ndarray, margin: float) -> np.ndarray:
+    """``[C]`` m: the gap each pair keeps, ``min(margin, rest_gap + margin)`` (see the module docstring)."""
+    return np.minimum(margin, np.asarray(rest_gap) + margin)
+
+
+def collision_depth(gap: np.ndarray, rest_gap: np.ndarray) -> np.ndarray:
+    """``[..., C]`` m: how far each pair is deeper than allowed (``min(0, rest_gap)``); positive: a collision."""
+    return np.minimum(0.0, np.asarray(rest_gap)) - gap
 
 
 def source_intersections(
