@@ -22,10 +22,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import data_file
 
 import kangengine as ke
+from kangengine.asset.desc import JointType
 from kangengine.sim.constraints import constraint_rows
 from kangengine.sim.drives import with_drive_envelope
+from kangengine.sim.ik import solve_ik
+from kangengine.sim.pose import PoseTargets
 
 mujoco = pytest.importorskip("mujoco")
 
@@ -451,3 +455,103 @@ def test_max_joint_velocity_holds_whatever_drives_the_joint(tmp_path):
         state = res.state
         top = max(top, float(state.qd.abs().max()))
     assert 1.95 < top < 2.0 * (1 + 2e-3)
+
+
+# -- pose controller and IK ---------------------------------------------------------------------------
+
+G1 = "mjcf/unitree/g1_29dof.nomesh.xml"
+RIGHT_ARM = {
+    "right_shoulder_pitch_joint": -0.6,
+    "right_shoulder_roll_joint": -0.3,
+    "right_shoulder_yaw_joint": 0.2,
+    "right_elbow_joint": 0.9,
+    "right_wrist_roll_joint": 0.3,
+    "right_wrist_pitch_joint": -0.2,
+    "right_wrist_yaw_joint": 0.1,
+}
+
+
+def _g1(**kw) -> ke.sim.Model:
+    desc = ke.asset.MJCFLoader.load(data_file(G1))
+    return ke.sim.Model.from_desc(desc, free_root=False, dtype=F64, contact=NO_CONTACT, **kw)
+
+
+def test_pose_controller_brings_a_g1_hand_to_a_cartesian_target():
+    """Pelvis fixed, gravity on, every joint but the right arm's held by joint-space PD (a hybrid): the
+    hand's position and rotation targets (from FK at another arm pose) are reached to the sag the Cartesian
+    springs allow under the arm's weight."""
+    desc = ke.asset.MJCFLoader.load(data_file(G1))
+    others = [j.name for j in desc.joints if j.name not in RIGHT_ARM and j.type is not JointType.FREE]
+    model = _g1(
+        drive_stiffness=dict.fromkeys(others, 200.0),
+        drive_damping=dict.fromkeys(others, 10.0),
+        joint_damping=dict.fromkeys(RIGHT_ARM, 1.0),
+    )
+    q_goal = torch.zeros(1, model.nq, dtype=F64)
+    for name, value in RIGHT_ARM.items():
+        q_goal[0, model.layout.block(name).q_slice] = value
+    pos, rot = ke.sim.link_transforms(model, q_goal)
+    hand = model.body_names.index("right_wrist_yaw_link")
+    start, _ = ke.sim.link_transforms(model, torch.zeros_like(q_goal))
+    assert float((start[0, hand] - pos[0, hand]).norm()) > 0.1  # 10 cm to go
+    targets = PoseTargets.from_names(
+        model,
+        ["right_wrist_yaw_link"],
+        position_world=pos[:, [hand]],
+        rotation_wxyz=rot[:, [hand]],
+        position_stiffness=2e4,
+        position_damping=300.0,
+        rotation_stiffness=200.0,
+        rotation_damping=5.0,
+    )
+    sim = ke.sim.Simulator(model, dt=2e-3)
+    state = ke.sim.State.neutral(model, 1)
+    control = ke.sim.Control(q_target=torch.zeros_like(q_goal), pose_targets=targets)
+    for _ in range(300):
+        state = sim.step(state, control).state
+    p, r = ke.sim.link_transforms(model, state.q)
+    assert float((p[0, hand] - pos[0, hand]).norm()) < 2e-3  # m
+    assert float(ke.rotations.quat_angle_between(r[0, hand], rot[0, hand])) < 2e-2  # rad
+    # the other joints kept their joint-space targets
+    other_dofs = [model.layout.block(n).qd_offset for n in others]
+    assert float(state.q[0, other_dofs].abs().max()) < 5e-2
+
+
+def test_pose_targets_reject_bad_input():
+    model = _g1()
+    with pytest.raises(ke.errors.UnknownNameError, match="right_wrist_yaw_link"):
+        PoseTargets.from_names(model, ["right_hand"], position_world=torch.zeros(1, 1, 3, dtype=F64))
+    with pytest.raises(ke.errors.ShapeError, match="pose.position_world"):
+        PoseTargets.from_names(model, ["pelvis"], position_world=torch.zeros(1, 2, 3, dtype=F64))
+
+
+def test_ik_reaches_reachable_targets_and_reports_unreachable_ones():
+    model = _g1()
+    gen = torch.Generator().manual_seed(0)
+    q_true = model.dof_lower + (model.dof_upper - model.dof_lower) * torch.rand(4, model.nv, generator=gen, dtype=F64)
+    pos, rot = ke.sim.link_transforms(model, q_true)
+    names = ["right_wrist_yaw_link", "left_wrist_yaw_link"]
+    hands = [model.body_names.index(n) for n in names]
+    goal = pos[:, hands].clone()
+    goal[3, 0, 0] += 2.0  # 2 m in front of a reachable pose: out of reach
+    result = solve_ik(model, PoseTargets.from_names(model, names, position_world=goal))
+    assert bool(result.reached[:3].all())
+    assert float(result.position_error[:3].max()) < 1e-3
+    assert not bool(result.reached[3, 0])
+    # what it reports is the real remaining distance (FK of its answer), and it did come closer
+    got, _ = ke.sim.link_transforms(model, result.q)
+    np.testing.assert_allclose(
+        result.position_error.numpy(), (got[:, hands] - goal).norm(dim=-1).numpy(), rtol=1e-9, atol=1e-12
+    )
+    assert float(result.position_error[3, 0]) > 1.0
+    # alone, the unreachable target draws the hand as close as the body allows (closer than it started)
+    alone = solve_ik(model, PoseTargets.from_names(model, names[:1], position_world=goal[3:, :1]))
+    start, _ = ke.sim.link_transforms(model, torch.zeros(1, model.nq, dtype=F64))
+    assert not bool(alone.reached.any())
+    assert 1.0 < float(alone.position_error[0, 0]) < float((start[0, hands[0]] - goal[3, 0]).norm()) - 0.1
+    # within the joint ranges (fixed base: q holds the hinges in DOF order)
+    assert bool((result.q >= model.dof_lower).all() and (result.q <= model.dof_upper).all())
+    # position and rotation together
+    both = PoseTargets.from_names(model, names[:1], position_world=pos[:, hands[:1]], rotation_wxyz=rot[:, hands[:1]])
+    result = solve_ik(model, both)
+    assert bool(result.reached.all()) and float(result.rotation_error.max()) < 1e-2

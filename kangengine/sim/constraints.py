@@ -115,29 +115,81 @@ class Constraints:
             jl = jd.new_zeros(w, s, jd.shape[-1]).index_add_(1, self.segment_tendon, jd * self.segment_weight[:, None])
             parts_v.append(length.t())
             parts_j.append(jl)
-        return ConstraintRows(owner=self, value=torch.cat(parts_v, 0), jacobian=torch.cat(parts_j, 1))
+        return ConstraintRows(
+            value=torch.cat(parts_v, 0),
+            jacobian=torch.cat(parts_j, 1),
+            stiffness=self.stiffness,
+            damping=self.damping,
+            spring_lower=self.spring_lower,
+            spring_upper=self.spring_upper,
+            lower=self.lower,
+            upper=self.upper,
+            limit_stiffness=self.limit_stiffness,
+            limit_damping=self.limit_damping,
+        )
 
 
 @dataclass(frozen=True, eq=False)
 class ConstraintRows:
-    """The rows of one step (see the module docstring).
+    """The rows of one step (see the module docstring), ``R`` of them over ``W`` worlds.
 
     Attributes:
-        owner: the :class:`Constraints` they come from.
-        value: ``[R, W]`` row values at the start of the step (m, or rad for fixed tendons over hinges).
+        value: ``[R, W]`` row values at the start of the step (m, or rad for fixed tendons over hinges and
+            rotation rows).
         jacobian: ``[W, R, nv]`` ``dr/dv``.
+        stiffness, damping, spring_lower, spring_upper, lower, upper, limit_stiffness, limit_damping:
+            ``[R]`` as in :class:`Constraints`.
     """
 
-    owner: Constraints
     value: torch.Tensor
     jacobian: torch.Tensor
+    stiffness: torch.Tensor
+    damping: torch.Tensor
+    spring_lower: torch.Tensor
+    spring_upper: torch.Tensor
+    lower: torch.Tensor
+    upper: torch.Tensor
+    limit_stiffness: torch.Tensor
+    limit_damping: torch.Tensor
+
+    @classmethod
+    def springs(cls, value: torch.Tensor, jacobian: torch.Tensor, stiffness, damping) -> ConstraintRows:
+        """Rows ``value [R, W]``, ``jacobian [W, R, nv]`` held at 0 by springs ``stiffness`` and dampers
+        ``damping`` (floats or ``[R]``), with no limits."""
+        r = value.shape[0]
+        full = lambda x: torch.as_tensor(x, dtype=value.dtype, device=value.device).expand(r).contiguous()
+        zero, inf = full(0.0), full(_INF)
+        return cls(value, jacobian, full(stiffness), full(damping), zero, zero, -inf, inf, zero, zero)
+
+    def concat(self, other: ConstraintRows | None) -> ConstraintRows:
+        """These rows followed by ``other``'s (same worlds)."""
+        if other is None:
+            return self
+        w = max(self.jacobian.shape[0], other.jacobian.shape[0])
+        return ConstraintRows(
+            value=torch.cat([self.value.expand(-1, w), other.value.expand(-1, w)], 0),
+            jacobian=torch.cat([self.jacobian.expand(w, -1, -1), other.jacobian.expand(w, -1, -1)], 1),
+            **{
+                k: torch.cat([getattr(self, k), getattr(other, k)])
+                for k in (
+                    "stiffness",
+                    "damping",
+                    "spring_lower",
+                    "spring_upper",
+                    "lower",
+                    "upper",
+                    "limit_stiffness",
+                    "limit_damping",
+                )
+            },
+        )
 
     def rate(self, v: torch.Tensor) -> torch.Tensor:
         """``[R, W]``: ``J v`` for DOF-major velocities ``v [nv, W]``."""
         return torch.einsum("wrn,nw->rw", self.jacobian, v)
 
     def _pieces(self, rate: torch.Tensor, h: float):
-        c = self.owner
+        c = self
         val = torch.add(self.value, rate, alpha=h)  # at the end of the step
         ds = val - torch.clamp(val, c.spring_lower[:, None], c.spring_upper[:, None])
         dl = val - torch.clamp(val, c.lower[:, None], c.upper[:, None])
@@ -145,7 +197,7 @@ class ConstraintRows:
 
     def terms(self, v: torch.Tensor, h: float):
         """Gradient ``[nv, W]``, Hessian ``[W, nv, nv]`` and the lagged limit activity ``[R, W]`` at ``v``."""
-        c = self.owner
+        c = self
         rate = self.rate(v)
         ds, dl = self._pieces(rate, h)
         act_s, act_l = (ds != 0).to(v.dtype), (dl != 0).to(v.dtype)
@@ -159,7 +211,7 @@ class ConstraintRows:
 
     def energy(self, v: torch.Tensor, h: float, act_l: torch.Tensor) -> torch.Tensor:
         """``[W]`` J: the rows' part of the incremental potential at ``v [nv, W]`` (limit damping lagged)."""
-        c = self.owner
+        c = self
         rate = self.rate(v)
         ds, dl = self._pieces(rate, h)
         e = 0.5 * c.stiffness[:, None] * ds * ds + 0.5 * h * c.damping[:, None] * rate * rate
@@ -169,7 +221,7 @@ class ConstraintRows:
     def forces(self, v: torch.Tensor, h: float) -> torch.Tensor:
         """``[R, W]`` the force each row applies at the end-of-step velocities ``v [nv, W]``: minus the
         tension ``k dist + c J v`` (plus its limit part); its generalized force is ``J^T`` times it."""
-        c = self.owner
+        c = self
         rate = self.rate(v)
         ds, dl = self._pieces(rate, h)
         act_l = (dl != 0).to(v.dtype)

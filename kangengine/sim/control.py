@@ -29,6 +29,7 @@ import torch
 
 from ..errors import ShapeError
 from .model import Model
+from .pose import PoseTargets
 
 __all__ = [
     "Control",
@@ -55,6 +56,8 @@ class Control:
         drive_stiffness, drive_damping: ``[W, nv]`` or ``[nv]`` gains replacing the model's.
         pinned: ``[W, nv]`` bool: DOFs held as boundary conditions (their velocity is ``pinned_qd``).
         pinned_qd: ``[W, nv]`` prescribed velocity of pinned DOFs (zero when omitted: frozen in place).
+        pose_targets: :class:`~kangengine.sim.pose.PoseTargets`, Cartesian link position and rotation
+            targets held by implicit PD rows of the step (the pose controller; with ``q_target`` a hybrid).
     """
 
     q_target: torch.Tensor | None = None
@@ -65,6 +68,7 @@ class Control:
     drive_damping: torch.Tensor | None = None
     pinned: torch.Tensor | None = None
     pinned_qd: torch.Tensor | None = None
+    pose_targets: PoseTargets | None = None
 
     def check(self, model: Model, num_worlds: int) -> None:
         """Raise :class:`ShapeError` naming the field when a tensor has the wrong shape, dtype or device."""
@@ -98,6 +102,8 @@ class Control:
                     path=model.layout.source,
                     item=f"control.{name}",
                 )
+        if self.pose_targets is not None:
+            self.pose_targets.check(model, num_worlds)
 
 
 # -- friction ------------------------------------------------------------------------------------------

@@ -331,7 +331,7 @@ class Simulator:
             m.check_state(q, qd)
             control.check(m, q.shape[0])
         w = q.shape[0]
-        tree = self._use_tree(w, q.device)
+        tree = self._use_tree(w, q.device) if control.pose_targets is None else None  # pose rows are dense
 
         # -- once per step: kinematics, inertia, bias, loads ----------------------------------------------
         # Inside the step everything per DOF is DOF-major ([nv, W], worlds innermost) like the tree
@@ -359,6 +359,9 @@ class Simulator:
         spring0 = (qs - self._spring_ref).mul_(self._spring_h) if self._has_springs else None
         coupling_q = self._coupling @ qs if self._has_couplings else None  # coupling values at q
         crow = self._rows.rows_at(m, fr, qs) if self._rows is not None else None  # cycle/tendon rows at q
+        if control.pose_targets is not None:  # the pose controller's Cartesian PD rows
+            prow = control.pose_targets.rows_at(m, fr)
+            crow = prow if crow is None else crow.concat(prow)
         pinned = control.pinned
         v = qd_t
         if pinned is not None:
