@@ -408,12 +408,12 @@ def _row_groups(tasks: IKTasks, tables, nv: int) -> tuple[_RowGroup, ...]:
         pb = tasks.capsule_body[tasks.pair].cpu().numpy()
         chains = [frozenset(g.cols.cpu().numpy().tolist()) for g in groups]
 
-        def chain_of(b):
+        chain_of = {}
+        for b in np.unique(pb).tolist():  # per body, not per pair
             own = frozenset(np.flatnonzero(moves[:, b]).tolist())
             fits = [c for c in chains if own <= c]
-            return min(fits, key=len) if fits else own
-
-        sets = [tuple(sorted(chain_of(a) | chain_of(b))) for a, b in pb]
+            chain_of[b] = min(fits, key=len) if fits else own
+        sets = [tuple(sorted(chain_of[a] | chain_of[b])) for a, b in pb.tolist()]
         empty = lt(np.zeros(0))
         for key in dict.fromkeys(sets):
             cols = np.array(key, dtype=np.int64)
