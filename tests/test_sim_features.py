@@ -26,6 +26,7 @@ from conftest import data_file
 
 import kangengine as ke
 from kangengine.asset.desc import JointType
+from kangengine.sim import runtime
 from kangengine.sim.constraints import constraint_rows
 from kangengine.sim.drives import with_drive_envelope
 from kangengine.sim.ik import solve_ik
@@ -555,3 +556,92 @@ def test_ik_reaches_reachable_targets_and_reports_unreachable_ones():
     both = PoseTargets.from_names(model, names[:1], position_world=pos[:, hands[:1]], rotation_wxyz=rot[:, hands[:1]])
     result = solve_ik(model, both)
     assert bool(result.reached.all()) and float(result.rotation_error.max()) < 1e-2
+
+
+# -- runtime helpers --------------------------------------------------------------------------------------
+
+
+def test_runtime_queries_equal_mujoco_and_round_trip():
+    path = data_file(G1)
+    mj = mujoco.MjModel.from_xml_path(str(path))
+    model = ke.sim.Model.from_desc(ke.asset.MJCFLoader.load(path), dtype=F64, contact=NO_CONTACT)
+    assert runtime.total_mass(model) == pytest.approx(float(mj.body_mass.sum()), rel=1e-12)
+    limits = runtime.dof_limits(model)[6:]  # the hinges after the free root's six DOFs
+    np.testing.assert_allclose(limits.numpy(), mj.jnt_range[1:], atol=1e-12)
+    gen = torch.Generator().manual_seed(1)
+    state = ke.sim.State.neutral(model, 3)
+    q_a = runtime.add_delta_to_pose(model, state.q, torch.randn(3, model.nv, generator=gen, dtype=F64) * 0.5)
+    q_b = runtime.add_delta_to_pose(model, state.q, torch.randn(3, model.nv, generator=gen, dtype=F64) * 0.5)
+    delta = runtime.pose_delta(model, q_a, q_b)
+    back = runtime.add_delta_to_pose(model, q_a, delta)
+    np.testing.assert_allclose(
+        ke.sim.link_transforms(model, back)[0], ke.sim.link_transforms(model, q_b)[0], atol=1e-12
+    )
+    # teleport: the root goes where it is told and the body moves rigidly with it
+    st = runtime.pose_from_joints(model, q_a)
+    pos0, _ = ke.sim.link_transforms(model, st.q)
+    new_pos = torch.tensor([[1.0, 2.0, 0.8]], dtype=F64).expand(3, 3)
+    new_rot = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=F64).expand(3, 4)
+    moved = runtime.set_root_transform(model, st, new_pos, new_rot)
+    root_pos, root_rot = runtime.root_transform(model, moved)
+    np.testing.assert_allclose(root_pos.numpy(), new_pos.numpy(), atol=1e-12)
+    np.testing.assert_allclose(root_rot.numpy(), new_rot.numpy(), atol=1e-12)
+    pos1, _ = ke.sim.link_transforms(model, moved.q)
+    dist = lambda p: (p[:, :, None] - p[:, None]).norm(dim=-1)
+    np.testing.assert_allclose(dist(pos1).numpy(), dist(pos0).numpy(), atol=1e-12)
+    fixed = _g1()
+    with pytest.raises(ke.errors.ShapeError, match="fixed to the world"):
+        runtime.set_root_transform(fixed, ke.sim.State.neutral(fixed, 1), new_pos[:1], new_rot[:1])
+    # the per-link Jacobian is the derivative of the link's origin (central differences)
+    link = "left_wrist_yaw_link"
+    jac = runtime.link_jacobian(model, q_a[:1], link)[0, :3]
+    b = model.body_names.index(link)
+    eps = 1e-6
+    fd = torch.stack(
+        [
+            (
+                ke.sim.link_transforms(model, runtime.add_delta_to_pose(model, q_a[:1], eps * e))[0][0, b]
+                - ke.sim.link_transforms(model, runtime.add_delta_to_pose(model, q_a[:1], -eps * e))[0][0, b]
+            )
+            / (2 * eps)
+            for e in torch.eye(model.nv, dtype=F64)[:, None]
+        ],
+        dim=-1,
+    )
+    np.testing.assert_allclose(jac.numpy(), fd.numpy(), atol=1e-7)
+
+
+def test_pose_from_links_recovers_the_joint_values():
+    model = _g1()
+    gen = torch.Generator().manual_seed(2)
+    lo, hi = model.dof_lower, model.dof_upper
+    q_true = lo + (hi - lo) * (0.1 + 0.8 * torch.rand(2, model.nv, generator=gen, dtype=F64))
+    pos, rot = ke.sim.link_transforms(model, q_true)
+    state, residual = runtime.pose_from_links(model, pos, rot)
+    assert float(residual.max()) < 1e-6
+    np.testing.assert_allclose(state.q.numpy(), q_true.numpy(), atol=1e-5)
+
+
+def test_friction_and_joint_inertia_change_between_steps_without_a_new_model():
+    """Changed mid-run, the step equals that of a model built with the new values from the start."""
+    desc = ke.asset.MJCFLoader.load(data_file(G1))
+    kw = {"free_root": False, "dtype": F64, "contact": NO_CONTACT, "drive_stiffness": 50.0, "drive_damping": 2.0}
+    model = ke.sim.Model.from_desc(desc, **kw)
+    sim = ke.sim.Simulator(model, dt=2e-3)
+    state = ke.sim.State.from_q(model, torch.full((2, model.nq), 0.2, dtype=F64))
+    control = ke.sim.Control(q_target=torch.zeros(2, model.nq, dtype=F64))
+    for _ in range(5):
+        state = sim.step(state, control).state
+    runtime.set_joint_inertia(sim, 0.05)
+    runtime.set_joint_friction(sim, 0.3)
+    assert float(sim.model.dof_armature.min()) == 0.05 and sim.model.body_mass is model.body_mass  # shared
+    fresh = ke.sim.Simulator(ke.sim.Model.from_desc(desc, armature=0.05, joint_friction=0.3, **kw), dt=2e-3)
+    a, b = state, state
+    for _ in range(5):
+        a, b = sim.step(a, control).state, fresh.step(b, control).state
+    np.testing.assert_allclose(a.q.numpy(), b.q.numpy(), atol=1e-12)
+    untouched = ke.sim.Simulator(model, dt=2e-3)
+    c = state
+    for _ in range(5):
+        c = untouched.step(c, control).state
+    assert float((c.q - a.q).abs().max()) > 1e-4  # the change mattered
