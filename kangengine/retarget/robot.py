@@ -390,6 +390,8 @@ class _SelfCollision:
 
 
 def _self_collision(desc, layout, mpath, cfg) -> _SelfCollision:
+    if mpath is None and desc is not None:  # a model given as a description: its meshes from the file it came from
+        mpath = desc.source
     caps = robot_capsules(desc, layout, mpath)
     pairs, rest = self_collision_pairs(desc, layout, caps)
     return _SelfCollision(caps, pairs, rest, pair_clearance(rest, float(cfg.solver.self_collision_margin)))
