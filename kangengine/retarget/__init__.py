@@ -3,9 +3,10 @@
 :mod:`.skeleton`: skeleton-to-skeleton retargeting by T-pose (joint map, rotation offset, scale, ground fix),
 with named configurations shipped in ``configs/`` (:func:`load_retarget_config`, :func:`list_retarget_configs`).
 
-:mod:`.robot`: human -> robot retargeting, the whole clip at once (batched Gauss-Newton IK in torch, contact-
-correct feet, per-clip metrics): :func:`retarget_to_robot`, configured by :class:`RobotRetargetConfig`
-(:func:`load_robot_config`, :func:`list_robot_configs`).
+:mod:`.robot`: human -> robot retargeting, whole clips at once (one clip or a list of clips batched; Levenberg-
+Marquardt IK in torch on CPU or CUDA, contact-correct feet, self-collision avoidance between capsule proxies of
+the robot's collision geoms (:mod:`.self_collision`), per-clip metrics): :func:`retarget_to_robot`, configured by
+:class:`RobotRetargetConfig` (:func:`load_robot_config`, :func:`list_robot_configs`).
 """
 
 from .robot import RobotRetargetResult, retarget_to_robot
