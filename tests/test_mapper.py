@@ -862,3 +862,114 @@ def test_limit_summary_equals_a_brute_force_count(clamp):
         assert summary["clamped_max"] > 0
     else:
         assert summary["clamped_max"] == 0.0 and not res.clamped.any()
+
+
+# -- the native Euler kernel (kangengine.animation.native_mapper) ---------------------------------------
+
+needs_native = pytest.mark.skipif(
+    not __import__("kangengine.animation.kinematics.native", fromlist=["available"]).available(),
+    reason="llvmlite is not available: the numpy path is the only one",
+)
+
+
+def _turning_q(layout, n, fps, seed):
+    """Triplet outer angles turning several times, middle angles swinging across +-pi/2 (branch crossings)."""
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(seed)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))
+    for b in range(layout.num_bodies):
+        blocks = _hinge_blocks(layout, b)
+        for i, blk in enumerate(blocks):
+            if len(blocks) == 3 and i == 1:
+                q[:, blk.q_offset] = rng.uniform(0.5, 1.8) * np.sin(rng.uniform(0.3, 1.0) * t)
+            else:
+                q[:, blk.q_offset] = rng.uniform(-2.0, 2.0) * t + rng.uniform(-3, 3)
+    return q
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_native_euler_kernel_matches_scipy_and_the_numpy_block(dtype):
+    """Kernel level, random rotations: the angles against scipy's as_euler (float64 of the same input), the
+    branch cost difference and the crossing flags against the numpy _fast_block of the same frames."""
+    from kangengine.animation import native_mapper
+
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml")
+    mapper = ArticulationMotionMapper(layout)
+    (g,) = mapper._groups
+    dv = mapper._davenport[g.axes]
+    n, nb = 5000, layout.num_bodies
+    rng = np.random.default_rng(3)
+    L = R.quat_normalize(rng.normal(size=(n, nb, 4))).astype(dtype)
+    L[::7] = R.quat_normalize(L[::7] + 0.05 * rng.normal(size=(len(L[::7]), nb, 4))).astype(dtype)
+    L = np.ascontiguousarray(L)
+    kern = native_mapper.euler_block_kernel(dtype, nb, g.bodies, mapper._hinge_q[g.hinge_cols], *dv.euler, dv.phi, 1e-3)
+    assert kern is not None
+    k = len(g.bodies)
+    q = np.zeros((n, layout.nq), dtype=dtype)
+    dcost, cross, carry = np.zeros((n, k), dtype=dtype), np.zeros((n, k), dtype=bool), np.zeros((3, k))
+    bad = kern(L, q, dcost, cross, carry, False)
+    sp = Rotation.from_quat(L[:, g.bodies][..., [1, 2, 3, 0]].reshape(-1, 4).astype(np.float64))
+    euler = sp.as_euler("XYZ").reshape(n, k, 3)
+    got = q[:, mapper._hinge_q[g.hinge_cols]].astype(np.float64)
+    lock = np.abs(np.abs(euler[..., 1]) - np.pi / 2) < 1e-3  # counted by the kernel, redone by numpy
+    assert bad == int(lock.sum())
+    d = np.abs(R.wrap_angle(got - euler))[~lock]
+    assert d.max() < (1e-10 if dtype == np.float64 else 1e-6)
+    # the numpy block on the same frames
+    q_np = np.zeros_like(q)
+    cross_np, dcost_np = np.zeros_like(cross), np.zeros_like(dcost)
+    Lt = np.ascontiguousarray(L.transpose(2, 0, 1))
+    mapper._fast_block(g, mapper._group_comps(g, Lt), q_np, 0, n, cross_np, dcost_np, {}, True)
+    ok = ~lock.any(axis=1)
+    ok[1:] &= ok[:-1]  # crossing flags read the frame before too
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    assert np.abs(dcost - dcost_np)[ok].max() < tol * 10
+    flips = cross != cross_np
+    assert not flips[ok].any()
+    assert carry[0] == pytest.approx(got[-1, :, 0], abs=1e-6)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype):
+    """The whole mapping (two solver blocks and more, turns, branch crossings, a frame in gimbal lock): the
+    native kernel path against the numpy reference path (``use_native = False``)."""
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml", free_root=True)
+    mapper = ArticulationMotionMapper(layout)
+    fps, n = 60.0, 9000
+    q = _turning_q(layout, n, fps, 11)
+    sh = [b.q_offset for b in _hinge_blocks(layout, layout.body_index("R_Shoulder"))]
+    q[4500, sh[1]] = np.pi / 2  # gimbal lock: that block is recomputed by numpy
+    st = mapper.to_skeleton_state(q)
+    motion = SkeletonMotion(
+        mapper.skeleton_tree, st.root_translation.astype(dtype), st.local_rotation.astype(dtype), fps
+    )
+    a = mapper.to_articulation_motion(motion)
+    mapper.use_native = False
+    b = mapper.to_articulation_motion(motion)
+    assert mapper._native_kernels(np.dtype(dtype)) == {}
+    mapper.use_native = True
+    assert len(mapper._native_kernels(np.dtype(dtype))) == 1
+    qa, qb = a.motion.q.astype(np.float64), b.motion.q.astype(np.float64)
+    assert np.abs(qa - qb).max() < (1e-6 if dtype == np.float32 else 1e-9)
+    assert np.abs(a.motion.qd - b.motion.qd).max() < (1e-3 if dtype == np.float32 else 1e-6)
+    assert np.array_equal(a.residual_angles, b.residual_angles)
+    assert a.motion.metadata["mapper"] == b.motion.metadata["mapper"]
+    # and the body rotations are the generating motion's (q is stored in float32; angles up to ~40 rad)
+    _, r0 = forward_kinematics(layout, q)
+    _, r1 = forward_kinematics(layout, qa)
+    assert R.quat_angle_between(r0, r1).max() < (1e-4 if dtype == np.float64 else 3e-4)
+
+
+@needs_native
+def test_native_path_refuses_zero_quaternions_of_kernel_and_other_bodies():
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml")
+    mapper = ArticulationMotionMapper(layout)
+    st = mapper.to_skeleton_state(np.tile(layout.neutral(), (5000, 1)))
+    for body in (0, 7):  # the root (checked in Python) and a triplet body (flagged by the kernel)
+        local = np.array(st.local_rotation, copy=True)
+        local[4200, body] = 0.0
+        with pytest.raises(FormatError, match=f"frame 4200, body '{layout.body_names[body]}'"):
+            mapper.to_articulation_motion(SkeletonMotion(mapper.skeleton_tree, st.root_translation, local, 30.0))

@@ -582,6 +582,8 @@ class ArticulationMotionMapper:
             )
         self.layout = layout
         self.skeleton_tree = SkeletonTree.from_articulation(layout)
+        self.use_native = True  # the native Euler kernel where it applies (False: the numpy reference path)
+        self._native_cache: dict = {}
         self._build()
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -970,12 +972,14 @@ class ArticulationMotionMapper:
             self._clamp(q, clamped, residual, L)
         return q, residual, clamped, rewrapped, q_path
 
-    def _check_nonzero(self, Lt: np.ndarray, frame0: int):
+    def _check_nonzero(self, Lt: np.ndarray, frame0: int, bodies=None):
         """:class:`FormatError` for an all-zero quaternion in a block ``Lt [4, m, B]`` (frames from
-        ``frame0``): it has no rotation, and every closed form would silently read it as the identity."""
+        ``frame0``; ``bodies [B]`` the body indices of its columns, default all): it has no rotation, and
+        every closed form would silently read it as the identity."""
         ok = np.any(Lt, axis=0)
         if not ok.all():
             f, b = np.argwhere(~ok)[0]
+            b = b if bodies is None else bodies[b]
             raise FormatError(
                 f"the quaternion of frame {frame0 + int(f)}, body {self.layout.body_names[b]!r} is "
                 "(0, 0, 0, 0); expected a non-zero WXYZ rotation",
@@ -1032,11 +1036,23 @@ class ArticulationMotionMapper:
             for g in slow
         }
         carry: dict = {}
+        native = self._native_kernels(dt) if time_axis else {}
+        if native:
+            L = np.ascontiguousarray(L)
+            others = np.setdiff1d(np.arange(L.shape[1]), np.concatenate([g.bodies for g in fast if id(g) in native]))
+            bufs = {i: np.zeros((3, len(g.bodies))) for g in fast if (i := id(g)) in native}
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
-            Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
-            self._check_nonzero(Lt, s)
+            Lt = None
+            if native:  # the kernels flag zero quaternions of their bodies; the others are checked here
+                self._check_nonzero(np.ascontiguousarray(L[s:e, others].transpose(2, 0, 1)), s, others)
             for g in self._groups:
+                kern = native.get(id(g))
+                if kern is not None and self._native_block(kern, g, L, q, s, e, cross, dcost, carry, bufs[id(g)]):
+                    continue
+                if Lt is None:
+                    Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
+                    self._check_nonzero(Lt, s)
                 Lg = self._group_comps(g, Lt)
                 comps = tuple(Lg)
                 qcols = hq[g.hinge_cols]
@@ -1083,6 +1099,50 @@ class ArticulationMotionMapper:
             q[:, hq[g.hinge_cols].reshape(-1)] = t.reshape(N, -1)
             residual[:, g.bodies] = r
         self._place_hinges(q, fast, use_b1, time_axis)
+
+    def _native_kernels(self, dtype) -> dict:
+        """``{id(group): kernel}`` of the complete 3-hinge groups the native Euler kernel handles here
+        (:mod:`~kangengine.animation.native_mapper`: axes ``+-e_i, +-e_j, +-e_k``, identity rest rotations,
+        limits that never bind); empty when llvmlite is missing or ``use_native`` is off."""
+        if not self.use_native or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            return {}
+        from . import native_mapper
+
+        out = {}
+        for g in self._groups:
+            dv = self._davenport.get(g.axes) if g.kind == _HINGE3 else None
+            if dv is None or dv.euler is None or not g.complete or self._group_narrow[id(g)]:
+                continue
+            if not self._group_rest_identity[id(g)]:
+                continue
+            key = (id(g), np.dtype(dtype).str)
+            if key not in self._native_cache:
+                order, signs = dv.euler
+                self._native_cache[key] = native_mapper.euler_block_kernel(
+                    dtype,
+                    self.layout.num_bodies,
+                    g.bodies,
+                    self._hinge_q[g.hinge_cols],
+                    order,
+                    signs,
+                    dv.phi,
+                    _COST_ANGLE_WEIGHT,
+                )
+            if self._native_cache[key] is not None:
+                out[id(g)] = self._native_cache[key]
+        return out
+
+    def _native_block(self, kern, g, L, q, s, e, cross, dcost, carry, buf) -> bool:
+        """:meth:`_fast_block` (time axis) of frames ``s:e`` by the native kernel; False (nothing kept: the
+        carry is untouched) when a frame is near gimbal lock or a quaternion is zero, for numpy to redo."""
+        prev = carry.get(id(g))
+        if prev is not None:
+            for r in range(3):
+                buf[r] = prev[r]
+        if kern(L[s:e], q[s:e], dcost[id(g)][s:e], cross[id(g)][s:e], buf, prev is not None):
+            return False
+        carry[id(g)] = tuple(buf.astype(q.dtype))
+        return True
 
     def _fast_block(self, g, Lg, q, s, e, cross, dcost, carry, time_axis):
         """Branch 0 of a complete 3-hinge group (joint rotations ``Lg [4, m, k]``) for frames ``s:e`` into
