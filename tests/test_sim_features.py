@@ -645,3 +645,95 @@ def test_friction_and_joint_inertia_change_between_steps_without_a_new_model():
     for _ in range(5):
         c = untouched.step(c, control).state
     assert float((c.q - a.q).abs().max()) > 1e-4  # the change mattered
+
+
+# -- mimic joints from a natural frequency and damping ratio -------------------------------------------
+
+GRIPPER = """
+<mujoco model="gripper">
+  <option integrator="implicit"/>
+  <default><geom contype="0" conaffinity="0"/></default>
+  <worldbody>
+    <body name="palm">
+      <geom type="box" size="0.05 0.02 0.01" mass="0.5"/>
+      <body name="left" pos="-0.03 0 0">
+        <joint name="left" type="hinge" axis="0 1 0" damping="0.01"/>
+        <geom type="capsule" fromto="0 0 0 0 0 0.08" size="0.008" mass="0.05"/>
+      </body>
+      <body name="right" pos="0.03 0 0">
+        <joint name="right" type="hinge" axis="0 1 0" damping="0.01"/>
+        <geom type="capsule" fromto="0 0 0 0 0 0.08" size="0.008" mass="0.08"/>
+      </body>
+    </body>
+  </worldbody>
+  <equality>
+    <joint joint1="right" joint2="left" polycoef="0.1 -1 0 0 0" solref="0.02 1" solimp="0.9999 0.9999 0.001"/>
+  </equality>
+  <actuator><position joint="left" kp="2" kv="0.05"/></actuator>
+</mujoco>
+"""
+
+
+def _gripper(path, omega, **kw):
+    return ke.sim.Model.from_desc(
+        ke.asset.MJCFLoader.load(path),
+        free_root=False,
+        dtype=F64,
+        contact=NO_CONTACT,
+        drive_stiffness={"left": 2.0},
+        drive_damping={"left": 0.05},
+        mimic_natural_frequency=omega,
+        **kw,
+    )
+
+
+def test_mimic_ratio_stays_within_the_compliance_its_parameters_imply(tmp_path):
+    """``right = -left + 0.1`` with omega = 200 rad/s, zeta = 1: the spring is ``k = m omega^2`` with the
+    row's effective mass ``m = 1 / (J M^-1 J^T)`` (from our CRBA, checked against MuJoCo elsewhere); a torque
+    on the follower with the leader pinned leaves exactly ``r = tau / k``, reached without overshoot."""
+    path = _write(tmp_path, "gripper.xml", GRIPPER)
+    omega = 200.0
+    model = _gripper(path, omega, gravity=(0.0, 0.0, 0.0))
+    assert model.coupling_names == () and model.constraints.names == ("mimic right",)
+    jac = torch.tensor([1.0, 1.0], dtype=F64)  # r = q_right + q_left - 0.1 (DOF order: left, right)
+    mass = ke.sim.mass_matrix(model, torch.zeros(1, 2, dtype=F64))[0]
+    k = omega**2 / float(jac @ torch.linalg.solve(mass, jac))
+    assert float(model.constraints.stiffness[0]) == pytest.approx(k, rel=1e-12)
+    tau = 0.02
+    sim = ke.sim.Simulator(model, dt=1e-3)
+    state = ke.sim.State.from_q(model, torch.tensor([[0.0, 0.1]], dtype=F64))
+    control = ke.sim.Control(pinned=torch.tensor([[True, False]]), tau_external=torch.tensor([[0.0, tau]], dtype=F64))
+    r = []
+    for _ in range(400):
+        state = sim.step(state, control).state
+        r.append(float(state.q[0, 0] + state.q[0, 1] - 0.1))
+    np.testing.assert_allclose(r[-1], tau / k, rtol=1e-3)  # the follower gives way by tau / k
+    assert max(abs(x) for x in r) < abs(tau / k) * 1.02  # critically damped (with the pin): no overshoot
+
+
+def _gripper_difference(model, mj, dt, duration=0.5):
+    mj.opt.timestep = dt
+    data = mujoco.MjData(mj)
+    data.qpos[:] = [0.0, 0.1]
+    sim = ke.sim.Simulator(model, dt=dt)
+    state = ke.sim.State.from_q(model, torch.tensor([[0.0, 0.1]], dtype=F64))
+    worst = 0.0
+    for i in range(int(round(duration / dt))):
+        target = 0.6 * np.sin(4 * np.pi * i * dt)
+        data.ctrl[0] = target
+        mujoco.mj_step(mj, data)
+        state = sim.step(state, ke.sim.Control(q_target=torch.tensor([[target, 0.0]], dtype=F64))).state
+        worst = max(worst, float(np.abs(state.q[0].numpy() - data.qpos).max()))
+    return worst
+
+
+def test_mimic_trajectory_agrees_with_mujoco_joint_equality(tmp_path):
+    """A stiff mimic (omega = 3000 rad/s: its compliance leaves ~1e-4 rad under these loads) against
+    MuJoCo's joint equality (impedance 0.9999, nearly hard): first-order agreement as for the tendons."""
+    path = _write(tmp_path, "gripper.xml", GRIPPER)
+    model = _gripper(path, 3000.0)
+    mj = mujoco.MjModel.from_xml_path(path)
+    coarse = _gripper_difference(model, mj, 2e-3)
+    fine = _gripper_difference(model, mj, 1e-3)
+    assert coarse < 5e-2, coarse
+    assert 0.35 < fine / coarse < 0.65, (coarse, fine)

@@ -25,6 +25,7 @@ This module reads the step's frames by their attributes only (``body_pos``, ``bo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import fields as dataclasses_fields
 
 import numpy as np
 import torch
@@ -33,7 +34,14 @@ from ..asset.desc import ArticulationDesc, JointType
 from ..errors import UnknownNameError
 from ..rotations import quat_rotate
 
-__all__ = ["Constraints", "ConstraintRows", "build_constraints", "constraint_rows", "point_jacobians"]
+__all__ = [
+    "Constraints",
+    "ConstraintRows",
+    "build_constraints",
+    "constraint_rows",
+    "point_jacobians",
+    "with_compliant_mimics",
+]
 
 _INF = float("inf")
 
@@ -390,3 +398,129 @@ def constraint_rows(model, q: torch.Tensor) -> ConstraintRows:
     model.check_state(q)
     qs = q.t().index_select(0, model.dof_q_index) * model.dof_is_scalar.to(q.dtype)[:, None]
     return model.constraints.rows_at(model, compute_frames(model, q), qs)
+
+
+def with_compliant_mimics(model, desc: ArticulationDesc, natural_frequency: float, damping_ratio: float):
+    """``model`` with its mimic joints (``desc.mimics``) as rows of the step whose spring and damper come
+    from a natural frequency and a damping ratio instead of fixed gains (and without their joint-space
+    coupling springs): for the row ``r = q_joint - multiplier q_leader - offset`` with effective mass
+    ``m = 1 / (J M^-1 J^T)`` (``M`` at the neutral pose, armature included), ``k = m omega^2`` and ``c = 2 zeta
+    m omega``, so the violation of the ratio obeys ``r'' + 2 zeta omega r' + omega^2 r = (load on the row) /
+    m``. A static load ``f`` along the row leaves ``r = f / k``.
+
+    Args:
+        natural_frequency: ``omega`` rad/s (> 0). damping_ratio: ``zeta`` (>= 0; 1 is critical).
+    Raises:
+        ValueError: a non-positive frequency or a negative ratio.
+        UnknownNameError: a mimic joint or leader has no hinge/slide DOF.
+    """
+    import dataclasses
+
+    from .dynamics import mass_matrix
+
+    if not natural_frequency > 0 or not damping_ratio >= 0:
+        raise ValueError(
+            f"natural_frequency must be > 0 and damping_ratio >= 0, got {natural_frequency}, {damping_ratio}"
+        )
+    if not desc.mimics:
+        return model
+    layout = model.layout
+    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
+    rows = np.zeros((len(desc.mimics), layout.nv))
+    offset = np.zeros(len(desc.mimics))
+    names = []
+    for i, mm in enumerate(desc.mimics):
+        for j in (mm.joint, mm.leader):
+            if j not in dof:
+                raise UnknownNameError(
+                    f"mimic joint {mm.joint!r} names joint {j!r}, which has no hinge/slide DOF",
+                    path=desc.source,
+                    item=f"mimic {mm.joint}",
+                )
+        rows[i, dof[mm.joint]] += 1.0
+        rows[i, dof[mm.leader]] -= mm.multiplier
+        offset[i] = -mm.offset
+        names.append(f"mimic {mm.joint}")
+    q0 = torch.as_tensor(layout.neutral()[None], dtype=torch.float64)
+    m64 = dataclasses.replace(model, dtype=torch.float64, **_as_float64(model))
+    mass = mass_matrix(m64, q0)[0].cpu().numpy()
+    m_eff = 1.0 / np.einsum("ri,ri->r", rows, np.linalg.solve(mass, rows.T).T)
+    k = m_eff * natural_frequency**2
+    c = 2.0 * damping_ratio * natural_frequency * m_eff
+    tf = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=model.dtype, device=model.device)
+    base = model.constraints
+    n = len(desc.mimics)
+    if base is None:
+        empty = lambda: torch.zeros(0, dtype=model.dtype, device=model.device)
+        ie = torch.zeros(0, dtype=torch.long, device=model.device)
+        base = Constraints(
+            point_body=ie,
+            point_local=torch.zeros(0, 3, dtype=model.dtype, device=model.device),
+            cycle_child=ie,
+            cycle_parent=ie,
+            fixed_matrix=torch.zeros(0, layout.nv, dtype=model.dtype, device=model.device),
+            fixed_offset=empty(),
+            segment_a=ie,
+            segment_b=ie,
+            segment_weight=empty(),
+            segment_tendon=ie,
+            **{f: empty() for f in _ROW_FIELDS},
+            names=(),
+            cycle_names=(),
+            fixed_names=(),
+            spatial_names=(),
+        )
+    cut = 3 * len(base.cycle_names) + len(base.fixed_names)  # mimic rows go after the fixed tendons' rows
+    add = {
+        "stiffness": tf(k),
+        "damping": tf(c),
+        "spring_lower": tf(np.zeros(n)),
+        "spring_upper": tf(np.zeros(n)),
+        "lower": tf(np.full(n, -_INF)),
+        "upper": tf(np.full(n, _INF)),
+        "limit_stiffness": tf(np.zeros(n)),
+        "limit_damping": tf(np.zeros(n)),
+    }
+    merged = dataclasses.replace(
+        base,
+        fixed_matrix=torch.cat([base.fixed_matrix, tf(rows)]),
+        fixed_offset=torch.cat([base.fixed_offset, tf(offset)]),
+        names=base.names[:cut] + tuple(names) + base.names[cut:],
+        fixed_names=base.fixed_names + tuple(names),
+        **{f: torch.cat([getattr(base, f)[:cut], add[f], getattr(base, f)[cut:]]) for f in _ROW_FIELDS},
+    )
+    keep = [i for i, nm in enumerate(model.coupling_names) if not nm.startswith("mimic ")]
+    ki = torch.as_tensor(keep, dtype=torch.long, device=model.device)
+    return dataclasses.replace(
+        model,
+        constraints=merged,
+        coupling_matrix=model.coupling_matrix.index_select(0, ki),
+        coupling_lower=model.coupling_lower.index_select(0, ki),
+        coupling_upper=model.coupling_upper.index_select(0, ki),
+        coupling_stiffness=model.coupling_stiffness.index_select(0, ki),
+        coupling_damping=model.coupling_damping.index_select(0, ki),
+        coupling_names=tuple(model.coupling_names[i] for i in keep),
+    )
+
+
+_ROW_FIELDS = (
+    "stiffness",
+    "damping",
+    "spring_lower",
+    "spring_upper",
+    "lower",
+    "upper",
+    "limit_stiffness",
+    "limit_damping",
+)
+
+
+def _as_float64(model) -> dict:
+    """The float tensors of ``model`` in float64 (for an accurate effective mass)."""
+    out = {}
+    for f in dataclasses_fields(model):
+        x = getattr(model, f.name)
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            out[f.name] = x.double()
+    out.pop("step_cache", None)
+    return out

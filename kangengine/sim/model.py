@@ -25,7 +25,7 @@ from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
 from ..errors import LayoutMismatch, ShapeError, UnknownNameError
-from .constraints import Constraints, build_constraints
+from .constraints import Constraints, build_constraints, with_compliant_mimics
 from .drives import DriveEnvelope
 
 __all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State"]
@@ -282,6 +282,8 @@ class Model:
         mimic_damping: float = 10.0,
         cycle_stiffness: float | None = None,
         cycle_damping: float | None = None,
+        mimic_natural_frequency: float | None = None,
+        mimic_damping_ratio: float = 1.0,
     ) -> Model:
         """Build the simulator model of ``desc``.
 
@@ -313,6 +315,10 @@ class Model:
                 damper (N s/m, default 0); ``None`` keeps each ``CycleJointDesc``'s. Cycle joints, fixed
                 tendons with a spring or damper and spatial tendons are rows of the implicit step
                 (:mod:`kangengine.sim.constraints`, ``Model.constraints``).
+            mimic_natural_frequency, mimic_damping_ratio: when a frequency (rad/s) is given, the mimic
+                joints are rows of the step whose spring and damper follow from it and the damping ratio and
+                each row's effective mass (:func:`~kangengine.sim.constraints.with_compliant_mimics`), in
+                place of ``mimic_stiffness`` / ``mimic_damping``.
         Raises:
             LayoutMismatch: ``layout`` was built for another description.
             UnknownNameError: a name in a mapping argument is not a joint, DOF or body.
@@ -469,7 +475,7 @@ class Model:
             tendon_limit_damping=tendon_limit_damping,
         )
 
-        return cls(
+        model = cls(
             layout=layout,
             name=desc.name,
             device=device,
@@ -533,6 +539,9 @@ class Model:
             has_ball_friction=has_ball_friction,
             constraints=rows,
         )
+        if mimic_natural_frequency is not None:
+            model = with_compliant_mimics(model, desc, mimic_natural_frequency, mimic_damping_ratio)
+        return model
 
     # -- helpers ------------------------------------------------------------------------------------------
     def check_state(self, q: torch.Tensor, qd: torch.Tensor | None = None) -> None:
