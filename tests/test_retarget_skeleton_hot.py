@@ -147,3 +147,56 @@ def test_batched_hinge_projection_equals_the_steps_one_by_one(cmu_walk_on_humano
     batch = G.copy()
     sk._project_hinges(batch, art, steps)
     np.testing.assert_allclose(batch, one, atol=1e-12)
+
+
+def test_tilt_curve_equals_the_rotated_sole_points_and_levels_to_the_same_pitch(cmu_walk_on_humanoid):
+    """The closed-form tilt (one sinusoid per stance frame) against the median over sole points rotated at each
+    pitch (``_FootPose.sole``, itself checked against scipy above): equal heights to 1e-12 m at any pitch, and
+    the 40-step bisection on either lands on the same pitch to 1e-9 rad (the sole-point form is what
+    ``level_feet`` bisected before)."""
+    desc, src, cfg = cmu_walk_on_humanoid
+    res = ke.retarget.retarget_motion(src, cfg.replace(level_feet=()), desc)
+    tree = res.motion.tree
+    pos = np.asarray(res.motion.global_translation, dtype=np.float64)
+    rot = np.asarray(res.motion.global_rotation, dtype=np.float64)
+    local = np.asarray(res.motion.local_rotation, dtype=np.float64)
+    raw = (rot.copy(), local.copy())
+    rot /= np.linalg.norm(rot, axis=-1, keepdims=True)  # unit in float64: the sole-point form assumes it
+    local /= np.linalg.norm(local, axis=-1, keepdims=True)
+    geoms = sk._usable_geoms(desc)
+    rng = np.random.default_rng(4)
+    for foot, toe in (("lfoot", "ltoes"), ("rfoot", "rtoes")):
+        fi, ti = tree.index(foot), tree.index(toe)
+        fp, fr = sk._sole_points([g for g in geoms if g.body == fi])
+        tp, tr = sk._sole_points([g for g in geoms if g.body == ti])
+        radii = np.concatenate([fr, tr])
+        pose = sk._FootPose(pos, rot, local, fi, ti, fp, tp, np.asarray(tree.local_translation[ti], dtype=np.float64))
+        S = np.sort(rng.choice(len(pos), size=41, replace=False))
+        axis = np.array([0.1, 0.95, -0.2])
+        axis /= np.linalg.norm(axis)
+        for rear, front in ((0, len(radii) - 1), (len(fp), 1), (len(radii) - 1, 0)):  # foot/toe points both ways
+
+            def by_points(theta, S=S, axis=axis, rear=rear, front=front, pose=pose, radii=radii):
+                p = pose.sole(S, axis, theta)[..., 2] - radii
+                d = np.median(p[..., rear] - p[..., front], axis=-1)
+                return float(d) if np.ndim(theta) == 0 else d
+
+            curve = sk._TiltCurve(pose, S, axis, rear, front, radii)
+            thetas = np.linspace(-0.6, 0.6, 13)
+            np.testing.assert_allclose(curve(thetas), by_points(thetas), atol=1e-12)
+            assert isinstance(curve(0.3), float) and curve(0.3) == pytest.approx(by_points(0.3), abs=1e-12)
+            lo, hi = -0.6, 0.6
+            if np.sign(by_points(lo)) != np.sign(by_points(hi)):
+                want = _sequential_bisection(by_points, lo, hi, by_points(lo), 40)
+                got = sk._bisect(curve, lo, hi, curve(lo), steps=40)
+                assert abs(got - want) < 1e-9
+                # on the clip's own (float32, unit to ~1e-7) rotations, as level_feet bisected them before
+                old = sk._FootPose(pos, *raw, fi, ti, fp, tp, pose.toe_offset)
+                old_f = lambda t, old=old, S=S, axis=axis, rear=rear, front=front, radii=radii: float(  # noqa: E731
+                    np.median(
+                        (old.sole(S, axis, t)[..., 2] - radii)[..., rear]
+                        - (old.sole(S, axis, t)[..., 2] - radii)[..., front]
+                    )
+                )
+                got_raw = sk._bisect(sk._TiltCurve(old, S, axis, rear, front, radii), lo, hi, curve(lo), steps=40)
+                assert abs(got_raw - _sequential_bisection(old_f, lo, hi, old_f(lo), 40)) < 1e-6

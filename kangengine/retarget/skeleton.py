@@ -672,6 +672,45 @@ def _bisect(f, lo: float, hi: float, f_lo: float, *, steps: int, per_call: int =
     return 0.5 * (lo + hi)
 
 
+class _TiltCurve:
+    """The median rear-minus-front sole height over the stance frames ``S`` as a function of the foot's pitch
+    ``theta`` about ``axis`` (foot frame), in closed form: a point ``v`` of the foot frame pitched by ``theta``
+    is ``v cos + (a x v) sin + a (a.v)(1 - cos)`` (Rodrigues), so its world height is
+    ``k0 + k1 cos(theta) + k2 sin(theta)`` with ``g`` the world up axis in the foot frame: ``k0 = oz + (g.a)(a.v)``,
+    ``k1 = g.v - (g.a)(a.v)``, ``k2 = g.(a x v)`` (a toe point: ``v`` = toe offset + the toe's local rotation
+    of the point). Per frame the difference of the rear and front points is one sinusoid ``[S, 3]``; a call
+    costs one ``[K, S]`` evaluation and median instead of rotating every sole point at every pitch. Equal to
+    ``median(_FootPose.sole(S, axis, theta)[..., 2] - radii)`` differences up to rounding (``~1e-15`` m) for
+    unit quaternions; the rotations are normalised here (a float32 clip's are unit to ~1e-7 only, which moved
+    the sole-point form's pitch by up to ~1e-7 rad)."""
+
+    def __init__(self, pose: _FootPose, S, axis, rear: int, front: int, radii):
+        a = np.asarray(axis, dtype=np.float64)
+        g = R.quat_rotate_inverse(R.quat_normalize(pose.rot[S, pose.fi]), np.array([0.0, 0.0, 1.0]))  # [S, 3]
+        ga = g @ a
+        P = len(pose.foot_points)
+        coef = []
+        for i in (rear, front):
+            if i < P:
+                v = np.broadcast_to(pose.foot_points[i], g.shape)
+            else:
+                v = pose.toe_offset + R.quat_rotate(R.quat_normalize(pose.local[S, pose.ti]), pose.toe_points[i - P])
+            av = v @ a
+            k0 = pose.pos[S, pose.fi, 2] + ga * av - radii[i]
+            k1 = np.einsum("sk,sk->s", g, v) - ga * av
+            k2 = np.einsum("sk,sk->s", g, np.cross(a, v))
+            coef.append(np.stack([k0, k1, k2]))
+        self.k = coef[0] - coef[1]  # [3, S]
+
+    def __call__(self, theta):
+        """Median height difference (m) at ``theta`` (a float), or ``[K]`` for ``theta [K]`` (rad)."""
+        t = np.asarray(theta, dtype=np.float64)
+        k0, k1, k2 = self.k
+        d = k0 + np.cos(t)[..., None] * k1 + np.sin(t)[..., None] * k2
+        m = np.median(d, axis=-1)
+        return float(m) if np.ndim(theta) == 0 else m
+
+
 def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, dict]:
     """``local [T, n, 4]`` with each foot's constant sole-levelling pitch applied (see
     ``RetargetConfig.level_feet``), ``{foot: degrees}``, and ``{foot: why}`` for the feet left as they were
@@ -723,12 +762,7 @@ def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, 
         axis = R.quat_rotate_inverse(rot[S, fi], np.cross([0.0, 0.0, 1.0], forward)).mean(axis=0)
         axis /= np.linalg.norm(axis)
 
-        def tilt(theta, S=S, axis=axis, rear=rear, front=front, foot_pose=foot_pose, radii=radii):
-            """Median rear-minus-front sole height at pitch ``theta`` (a float), or ``[K]`` for ``theta [K]``."""
-            p = foot_pose.sole(S, axis, theta)[..., 2] - radii
-            d = np.median(p[..., rear] - p[..., front], axis=-1)
-            return float(d) if np.ndim(theta) == 0 else d
-
+        tilt = _TiltCurve(foot_pose, S, axis, rear, front, radii)
         lo, hi = -0.6, 0.6
         f_lo = tilt(lo)
         if np.sign(f_lo) == np.sign(tilt(hi)):  # no level pitch within +-34 degrees: leave the foot
