@@ -922,7 +922,7 @@ class _Slots:
         return cls(
             clip=clips,
             k=torch.zeros_like(clips),
-            state=State.from_q(model, ref.q[rows], ref.qd[rows]),
+            state=_with_budget(State.from_q(model, ref.q[rows], ref.qd[rows])),
             prev_normal=torch.zeros(n, c, dtype=model.dtype, device=model.device),
             prev_pos=torch.zeros(n, c, 3, dtype=model.dtype, device=model.device),
         )
@@ -933,7 +933,7 @@ class _Slots:
         return _Slots(
             clip=self.clip[keep],
             k=self.k[keep],
-            state=State(q=st.q[keep], qd=st.qd[keep], frozen=st.frozen[keep]),
+            state=State(q=st.q[keep], qd=st.qd[keep], frozen=st.frozen[keep], energy_budget=st.energy_budget[keep]),
             prev_normal=self.prev_normal[keep],
             prev_pos=self.prev_pos[keep],
         )
@@ -941,7 +941,12 @@ class _Slots:
     @staticmethod
     def cat(a: _Slots, b: _Slots) -> _Slots:
         sa, sb = a.state, b.state
-        state = State(q=torch.cat([sa.q, sb.q]), qd=torch.cat([sa.qd, sb.qd]), frozen=torch.cat([sa.frozen, sb.frozen]))
+        state = State(
+            q=torch.cat([sa.q, sb.q]),
+            qd=torch.cat([sa.qd, sb.qd]),
+            frozen=torch.cat([sa.frozen, sb.frozen]),
+            energy_budget=torch.cat([sa.energy_budget, sb.energy_budget]),
+        )
         return _Slots(
             clip=torch.cat([a.clip, b.clip]),
             k=torch.cat([a.k, b.k]),
@@ -949,6 +954,20 @@ class _Slots:
             prev_normal=torch.cat([a.prev_normal, b.prev_normal]),
             prev_pos=torch.cat([a.prev_pos, b.prev_pos]),
         )
+
+
+def _with_budget(state: State) -> State:
+    """``state`` with an ``energy_budget [W]`` (NaN where it has none: the step then leaves that world's
+    energy uncorrected), so that slots with and without a budget can be concatenated."""
+    if state.energy_budget is not None:
+        return state
+    nan = torch.full((state.num_worlds,), math.nan, dtype=state.q.dtype, device=state.q.device)
+    return replace(state, energy_budget=nan)
+
+
+def _budget(state: State, n: int) -> torch.Tensor | None:
+    """The first ``n`` worlds' energy budgets (``None`` without energy correction)."""
+    return None if state.energy_budget is None else state.energy_budget[:n]
 
 
 def _fallen(model: Model, ref: TrackingReference, settings: TrackingSettings, pos: torch.Tensor, rows: torch.Tensor):
@@ -1049,7 +1068,11 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
         out = sim.step(state, ctrl)
         k1 = cur.k + 1
         at = (k1, cur.clip)
-        new_state = State(q=out.state.q[:n], qd=out.state.qd[:n], frozen=out.state.frozen[:n])
+        new_state = _with_budget(
+            State(
+                q=out.state.q[:n], qd=out.state.qd[:n], frozen=out.state.frozen[:n], energy_budget=_budget(out.state, n)
+            )
+        )
         logs.q.index_put_(at, new_state.q)
         logs.step_count.index_add_(0, cur.clip, torch.ones_like(cur.clip))
         drive = out.drive_force[:n]
