@@ -737,3 +737,53 @@ def test_mimic_trajectory_agrees_with_mujoco_joint_equality(tmp_path):
     fine = _gripper_difference(model, mj, 1e-3)
     assert coarse < 5e-2, coarse
     assert 0.35 < fine / coarse < 0.65, (coarse, fine)
+
+
+# -- contact filtering ---------------------------------------------------------------------------------
+
+CHAIN = """
+<mujoco model="chain">
+  <worldbody>
+    <body name="a">
+      <geom name="ga" type="capsule" fromto="0 0 0 0.2 0 0" size="0.02"/>
+      <body name="b" pos="0.2 0 0">
+        <joint name="jb" type="hinge" axis="0 0 1"/>
+        <geom name="gb" type="capsule" fromto="0 0 0 0.2 0 0" size="0.02"/>
+        <body name="c" pos="0.2 0 0">
+          <joint name="jc" type="hinge" axis="0 0 1"/>
+          <geom name="gc" type="capsule" fromto="0 0 0 0.2 0 0" size="0.02" contype="2" conaffinity="2"/>
+          <body name="d" pos="0.2 0 0">
+            <joint name="jd" type="hinge" axis="0 0 1"/>
+            <geom name="gd" type="capsule" fromto="0 0 0 0.2 0 0" size="0.02"/>
+          </body>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+def test_contact_filtering_by_adjacency_layers_and_overrides(tmp_path):
+    desc = ke.asset.MJCFLoader.load(_write(tmp_path, "chain.xml", CHAIN))
+    contact = ke.sim.ContactParams(self_collision=True)
+
+    def pairs(**kw):
+        model = ke.sim.Model.from_desc(desc, free_root=False, contact=contact, **kw)
+        return sorted(tuple(sorted(p)) for p in model.self_pair_names)
+
+    # adjacency removes a-b, b-c, c-d; gc's masks (2) meet no other geom's (1)
+    assert pairs() == [("ga", "gd"), ("gb", "gd")]
+    layers = {"a": "arm", "b": "arm", "c": "hand", "d": "hand"}
+    assert pairs(contact_layers=layers, layer_contacts={("hand", "arm"): False}) == []
+    assert pairs(contact_layers=layers, layer_contacts={("arm", "arm"): False}) == [("ga", "gd"), ("gb", "gd")]
+    # a per-pair override has the last word: on beats adjacency, layers and masks; off removes a pair
+    got = pairs(
+        contact_layers=layers,
+        layer_contacts={("hand", "arm"): False},
+        contact_overrides={("b", "c"): True, ("d", "a"): True},
+    )
+    assert got == [("ga", "gd"), ("gb", "gc")]
+    assert pairs(contact_overrides={("a", "d"): False}) == [("gb", "gd")]
+    with pytest.raises(ke.errors.UnknownNameError, match="no link 'e'"):
+        pairs(contact_overrides={("a", "e"): True})

@@ -284,6 +284,9 @@ class Model:
         cycle_damping: float | None = None,
         mimic_natural_frequency: float | None = None,
         mimic_damping_ratio: float = 1.0,
+        contact_layers: Mapping[str, str] | None = None,
+        layer_contacts: Mapping[tuple[str, str], bool] | None = None,
+        contact_overrides: Mapping[tuple[str, str], bool] | None = None,
     ) -> Model:
         """Build the simulator model of ``desc``.
 
@@ -319,6 +322,13 @@ class Model:
                 joints are rows of the step whose spring and damper follow from it and the damping ratio and
                 each row's effective mass (:func:`~kangengine.sim.constraints.with_compliant_mimics`), in
                 place of ``mimic_stiffness`` / ``mimic_damping``.
+            contact_layers, layer_contacts, contact_overrides: link-to-link contact filtering (reference:
+                contact layers and per-actor overrides), applied in this order on top of the adjacency
+                filter: ``contact_layers`` puts links (by name) on named layers (unnamed links: layer
+                ``"default"``); ``layer_contacts`` switches a pair of layers off (``False``) or on (either
+                order); ``contact_overrides`` switches a pair of links off or on and has the last word (an
+                enabled pair collides even when adjacent or its geoms' contype/conaffinity masks disagree;
+                the bot's ``contactOverrides``).
         Raises:
             LayoutMismatch: ``layout`` was built for another description.
             UnknownNameError: a name in a mapping argument is not a joint, DOF or body.
@@ -463,7 +473,10 @@ class Model:
         cdata = _contact_points(desc, contact)
         coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
         filter_pairs = _collision_filter(desc)
-        sdata = _self_contact(desc, filter_pairs, contact)
+        filter_pairs, forced = _filtered_by_layers(
+            desc, filter_pairs, contact_layers, layer_contacts, contact_overrides
+        )
+        sdata = _self_contact(desc, filter_pairs, contact, forced)
         rows = build_constraints(
             desc,
             layout,
@@ -869,8 +882,42 @@ def _self_segment(g) -> tuple[np.ndarray, float] | None:
     return None
 
 
-def _self_contact(desc: ArticulationDesc, filter_pairs, contact: ContactParams) -> dict:
-    """Segment geoms and the pairs that may collide (see ``ContactParams.self_collision``)."""
+def _filtered_by_layers(desc: ArticulationDesc, filter_pairs, layers, layer_contacts, overrides):
+    """The filter pairs after contact layers and per-pair overrides, and the pairs an override enables
+    (``frozenset`` of two body names each)."""
+    names = desc.body_names
+    for what, mapping in (("contact_layers", layers or {}), ("contact_overrides", overrides or {})):
+        for key in mapping:
+            for n in (key,) if isinstance(key, str) else key:
+                if n not in names:
+                    raise UnknownNameError(
+                        f"{what}: no link {n!r}; links are: {', '.join(names)}", path=desc.source, item=what
+                    )
+    skip = {frozenset(p) for p in filter_pairs}
+    if layer_contacts:
+        layer = {n: (layers or {}).get(n, "default") for n in names}
+        off = {frozenset(k) for k, on in layer_contacts.items() if not on}
+        on = {frozenset(k) for k, on in layer_contacts.items() if on}
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                key = frozenset((layer[a], layer[b]))
+                if key in off and key not in on:
+                    skip.add(frozenset((a, b)))
+    forced = set()
+    for (a, b), on in (overrides or {}).items():
+        pair = frozenset((a, b))
+        if on:
+            skip.discard(pair)
+            forced.add(pair)
+        else:
+            skip.add(pair)
+            forced.discard(pair)
+    return tuple(sorted(tuple(sorted(p)) for p in skip if len(p) == 2)), forced
+
+
+def _self_contact(desc: ArticulationDesc, filter_pairs, contact: ContactParams, forced=frozenset()) -> dict:
+    """Segment geoms and the pairs that may collide (see ``ContactParams.self_collision``); ``forced`` body
+    pairs collide whatever their geoms' masks say."""
     body, center, axis, radius, names, masks = [], [], [], [], [], []
     if contact.self_collision:
         for g in desc.geoms:
@@ -893,7 +940,8 @@ def _self_contact(desc: ArticulationDesc, filter_pairs, contact: ContactParams) 
         for b in range(a + 1, len(body)):
             if body[a] == body[b] or frozenset((bodies[body[a]], bodies[body[b]])) in skip:
                 continue
-            if not ((masks[a][0] & masks[b][1]) or (masks[b][0] & masks[a][1])):
+            masked = not ((masks[a][0] & masks[b][1]) or (masks[b][0] & masks[a][1]))
+            if masked and frozenset((bodies[body[a]], bodies[body[b]])) not in forced:
                 continue
             pairs.append((a, b))
     return {
