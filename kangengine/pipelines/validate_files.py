@@ -160,14 +160,21 @@ def _setup_model(model: str, model_sha: str, options: ValidationOptions):
 
         from ..animation import ArticulationCoordinateLayout, ArticulationMotionMapper
         from ..asset import load
-        from ..sim import Model
+        from ..sim import ContactParams, Model
 
         _MODEL_CACHE.clear()
         desc = load(model, order=options.order)
         layout = ArticulationCoordinateLayout.from_data(data=desc, free_root=options.free_root)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sim_model = Model.from_desc(desc, layout, device=options.device, dtype=getattr(torch, options.dtype))
+            # link-to-link pairs for the self_collision rule (simulated only with TrackingSettings.self_collision)
+            sim_model = Model.from_desc(
+                desc,
+                layout,
+                device=options.device,
+                dtype=getattr(torch, options.dtype),
+                contact=ContactParams(self_collision=True),
+            )
         _MODEL_CACHE[key] = (desc, layout, ArticulationMotionMapper(layout), sim_model)
     return _MODEL_CACHE[key]
 

@@ -57,6 +57,7 @@ import torch
 from .. import rotations as R
 from ..animation.motion import ArticulationMotion
 from ..errors import MotionError, ShapeError
+from .contact import closest_segment_points
 from .control import Control
 from .dynamics import inverse_dynamics, mass_matrix
 from .integrator import Simulator, cholesky_solve
@@ -157,6 +158,11 @@ class TrackingSettings:
         root_assist_damping_ratio: its ``zeta``.
         root_assist_horizontal_scale, root_assist_vertical_scale, root_assist_rotation_scale: gain scale
             of its horizontal force, vertical force (default 0: the body is never held up) and torque.
+        self_collision: simulate link-to-link contact while tracking (needs a model built with
+            ``ContactParams(self_collision=True)``; off by default: on the CMU humanoid's 1069 pairs it made a
+            tracked step 3.1x as expensive, see ``docs/tracking.md``). Whether it is on or off, a model with
+            pairs gets the self-penetration of the reference and of the tracked motion measured (geometry
+            only) for the verdict's ``self_collision`` rule.
         clamp_effort: clamp drive efforts at the model's effort limits (default: unclamped, and the
             effort over the limit is reported instead).
         early_stop: stop simulating a clip whose tracker has fallen (mean body error over
@@ -209,6 +215,7 @@ class TrackingSettings:
     root_assist_horizontal_scale: float = 1.0
     root_assist_vertical_scale: float = 0.0
     root_assist_rotation_scale: float = 1.0
+    self_collision: bool = False
     clamp_effort: bool = False
     early_stop: bool = True
     batch_invariant: bool = True
@@ -326,6 +333,12 @@ class TrackingResult:
         reference_root_height: ``[W, K]`` m, height of the reference root origin.
         feedforward_ratio_by_dof: ``[W, D]`` 95th percentile over each clip's frames of
             ``|feed-forward| / effort limit`` per non-root DOF.
+        reference_self_penetration, sim_self_penetration: ``[W, K]`` m, deepest overlap of two links' collision
+            geoms (``model.self_pair_names``; 0 where none overlap or the model has no pairs) in the
+            reference and in the tracked motion; reference_self_pair, sim_self_pair: ``[W, K]`` int64, index of
+            that pair in ``self_pair_names`` (-1: none). sim_self_contact_force: ``[W, K]`` N, largest
+            link-to-link normal force of the step (0 unless ``self_collision`` is simulated).
+        self_pair_names: ``P`` ``(geom, geom)`` names.
         simulated: ``[W, K]`` bool, frames the simulation reached (False after the clip's stop: a fall with
             ``early_stop`` or a divergence; the state then stays at the last simulated one).
         stop_step: ``[W]`` int64, last simulated step of each clip.
@@ -372,6 +385,12 @@ class TrackingResult:
     assist_torque: np.ndarray
     reference_root_height: np.ndarray
     feedforward_ratio_by_dof: np.ndarray
+    reference_self_penetration: np.ndarray
+    reference_self_pair: np.ndarray
+    sim_self_penetration: np.ndarray
+    sim_self_pair: np.ndarray
+    sim_self_contact_force: np.ndarray
+    self_pair_names: tuple
     simulated: np.ndarray
     stop_step: np.ndarray
     fell_step: np.ndarray
@@ -841,11 +860,19 @@ def _track(model, motions, settings, names, reference, num_worlds) -> TrackingRe
     ref = reference if reference is not None else prepare_reference(model, motions, settings)
     w = ref.num_clips
     slots = w if num_worlds is None else min(int(num_worlds), w)
+    if settings.self_collision and model.num_self_pairs == 0:
+        raise ShapeError(
+            f"{model.name}: TrackingSettings.self_collision needs a model with link-to-link pairs; build it with "
+            "Model.from_desc(..., contact=ContactParams(self_collision=True)) (this one has none)",
+            item="TrackingSettings.self_collision",
+        )
     sim_model = (
         model
         if settings.clamp_effort
         else replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
     )
+    if sim_model.contact.self_collision != settings.self_collision:
+        sim_model = replace(sim_model, contact=replace(sim_model.contact, self_collision=settings.self_collision))
     sim = Simulator(
         sim_model,
         dt=settings.dt,
@@ -876,6 +903,7 @@ class _Logs:
     contact_force: torch.Tensor  # [K, W, Bc]
     skating: torch.Tensor  # [K, W]
     penetration: torch.Tensor  # [K, W]
+    self_force: torch.Tensor  # [K, W] largest link-to-link normal force
     stop_step: torch.Tensor  # [W] last simulated step
     fell_step: torch.Tensor  # [W] -1: no fall detected
     diverged: torch.Tensor  # [W] bool
@@ -897,6 +925,7 @@ class _Logs:
             contact_force=z(k, w, bc),
             skating=z(k, w),
             penetration=z(k, w),
+            self_force=z(k, w),
             stop_step=zi(),
             fell_step=zi() - 1,
             diverged=torch.zeros(w, dtype=torch.bool, device=dev),
@@ -1083,6 +1112,8 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
                 [torch.linalg.vector_norm(drive[:, :3], dim=-1), torch.linalg.vector_norm(drive[:, 3:6], dim=-1)], -1
             )
             logs.assist.index_put_(at, assist)
+        if out.self_contact_force is not None and out.self_contact_force.shape[-1]:
+            logs.self_force.index_put_(at, out.self_contact_force[:n].amax(-1))
         prev_normal, prev_pos = cur.prev_normal, cur.prev_pos
         if model.num_contact_points:
             normal = out.contact_normal_force[:n]
@@ -1222,6 +1253,26 @@ def _stance_correction(model, q, qd, q_ref, qd_ref, normal, settings, j0, pos, q
     return model.layout.integrate(q_ref, dq), qd_ref + dqd
 
 
+def _self_penetration(model: Model, pos: torch.Tensor, quat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deepest link-to-link overlap ``[n]`` m (0 when none) and its pair ``[n]`` int64 (-1: none) at link
+    poses ``pos [n, B, 3]``, ``quat [n, B, 4]``: the capsule segments of ``model``'s self-contact geoms
+    (:class:`~kangengine.sim.ContactParams` ``self_collision``), closest points by
+    :func:`~kangengine.sim.contact.closest_segment_points`."""
+    n = pos.shape[0]
+    g = model.self_geom_body
+    rot = quat[:, g]
+    centre = pos[:, g] + R.quat_rotate(rot, model.self_geom_center.expand(n, -1, -1))
+    axis = R.quat_rotate(rot, model.self_geom_axis.expand(n, -1, -1))
+    start, seg = centre - axis, 2.0 * axis
+    a, b = model.self_pair_geom[:, 0], model.self_pair_geom[:, 1]
+    comps = lambda x: tuple(x[..., k] for k in range(3))  # noqa: E731
+    s, t = closest_segment_points(comps(start[:, a]), comps(seg[:, a]), comps(start[:, b]), comps(seg[:, b]))
+    gap = (start[:, a] + s[..., None] * seg[:, a]) - (start[:, b] + t[..., None] * seg[:, b])
+    depth = model.self_geom_radius[a] + model.self_geom_radius[b] - torch.linalg.vector_norm(gap, dim=-1)
+    best, pair = depth.max(-1)
+    return best.clamp(min=0.0), torch.where(best > 0, pair, torch.full_like(pair, -1))
+
+
 def _metrics(model, ref, names, settings, logs: _Logs) -> TrackingResult:
     dev, dt_ = model.device, model.dtype
     q_log, effort_log, assist_log, cforce_log = logs.q, logs.effort, logs.assist, logs.contact_force
@@ -1239,6 +1290,8 @@ def _metrics(model, ref, names, settings, logs: _Logs) -> TrackingResult:
     root_err = torch.zeros(steps, w, 3, dtype=dt_, device=dev)
     heading = torch.zeros(steps, w, dtype=dt_, device=dev)
     sim_lim = torch.zeros(steps, w, dtype=dt_, device=dev)
+    self_pen = torch.zeros(2, steps, w, dtype=dt_, device=dev)  # reference, simulation
+    self_pair = torch.full((2, steps, w), -1, dtype=torch.int64, device=dev)
     chunk = max(int(settings.chunk_frames) // max(w, 1), 1)
     scalar = model.dof_is_scalar
     for s in range(0, steps, chunk):
@@ -1256,6 +1309,11 @@ def _metrics(model, ref, names, settings, logs: _Logs) -> TrackingResult:
         qs = q[:, model.dof_q_index]
         viol = torch.maximum(qs - model.dof_upper, model.dof_lower - qs).clamp(min=0.0) * scalar
         sim_lim[s:e] = (viol.amax(-1) if viol.shape[-1] else torch.zeros_like(qs[:, 0])).reshape(e - s, w)
+        if model.num_self_pairs:
+            for j, (p_, r_) in enumerate((link_transforms(model, qr), (pos, quat))):
+                depth, pair = _self_penetration(model, p_, r_)
+                self_pen[j, s:e] = depth.reshape(e - s, w)
+                self_pair[j, s:e] = pair.reshape(e - s, w)
     rows = idx.reshape(-1)
     qr = ref.q_raw[rows][:, model.dof_q_index]
     rviol = torch.maximum(qr - model.dof_upper, model.dof_lower - qr).clamp(min=0.0) * scalar
@@ -1320,6 +1378,12 @@ def _metrics(model, ref, names, settings, logs: _Logs) -> TrackingResult:
         assist_torque=out(assist_log[..., 1]),
         reference_root_height=out(root_h),
         feedforward_ratio_by_dof=ff_dof.cpu().numpy(),
+        reference_self_penetration=out(self_pen[0]),
+        reference_self_pair=out(self_pair[0] + 1) - 1,
+        sim_self_penetration=out(self_pen[1]),
+        sim_self_pair=out(self_pair[1] + 1) - 1,
+        sim_self_contact_force=out(logs.self_force),
+        self_pair_names=tuple(model.self_pair_names),
         simulated=simulated.transpose(0, 1).cpu().numpy(),
         stop_step=logs.stop_step.cpu().numpy(),
         fell_step=logs.fell_step.cpu().numpy(),

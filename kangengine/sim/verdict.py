@@ -108,6 +108,9 @@ class ValidationThresholds:
             that frame is over the limit; effort_warn, effort_reject: fraction of such frames (a model whose
             actuators are far too weak for the motion, e.g. a tenth of the CMU humanoid's, needs it in every
             frame; a real walk on the real model in none).
+    Self-collision (models with link-to-link pairs, ``ContactParams(self_collision=True)``):
+        self_penetration_depth: m, two links' collision geoms overlapping deeper than this pass through
+            each other; self_penetration_s: s, for longer than this (a brush is not a pass-through).
     Root assistance (only when used):
         assist_force_ok, assist_force_reject: mean assistance force as a fraction of ``m g``.
         assist_torque_ok, assist_torque_reject: m, mean assistance torque / ``m g``.
@@ -137,6 +140,8 @@ class ValidationThresholds:
     effort_ratio: float = 3.0
     effort_warn: float = 0.1
     effort_reject: float = 0.5
+    self_penetration_depth: float = 0.03
+    self_penetration_s: float = 0.1
     assist_force_ok: float = 0.15
     assist_force_reject: float = 0.3
     assist_torque_ok: float = 0.05
@@ -312,6 +317,7 @@ def clip_metrics(
     _limit_and_effort_metrics(m, result, i, slice(0, n), sl, th)
     impossible = _reference_physics_metrics(m, result, i, slice(0, n), th)
     airborne_run, airborne_start = _contact_metrics(m, result, i, slice(0, n), sl, th, n)
+    _self_contact_metrics(m, result, i, slice(0, n), sl, th)
     spd = _reference_speeds(model, motion)
     m["root_speed_max_mps"] = spd["root_speed"]
     m["root_angular_speed_max_radps"] = spd["root_angular_speed"]
@@ -410,6 +416,46 @@ def _contact_metrics(
 
 
 # -- rules: each returns the reasons it finds (none, one or more) ---------------------------------------------
+
+
+def _self_contact_metrics(
+    m: dict, result: TrackingResult, i: int, sl: slice, sim: slice, th: ValidationThresholds
+) -> None:
+    """Deepest link-to-link overlap of the reference (over ``sl``) and of the tracked motion (over its
+    simulated frames ``sim``), its pair and time, and the longest run deeper than ``self_penetration_depth``."""
+    names = getattr(result, "self_pair_names", ())
+    for key, depth, pair, part in (
+        ("reference", result.reference_self_penetration, result.reference_self_pair, sl),
+        ("sim", result.sim_self_penetration, result.sim_self_pair, sim),
+    ):
+        d, p = depth[i, part], pair[i, part]
+        k = int(np.argmax(d)) if d.size else 0
+        run, start = _runs(d > th.self_penetration_depth) if d.size else (0, -1)
+        m[f"{key}_self_penetration_max_m"] = float(d[k]) if d.size else 0.0
+        m[f"{key}_self_penetration_at_s"] = float(k * result.dt)
+        m[f"{key}_self_penetration_pair"] = "/".join(names[int(p[k])]) if d.size and p[k] >= 0 else None
+        m[f"{key}_self_penetration_run_s"] = float(run * result.dt)
+        m[f"{key}_self_penetration_start_s"] = float(start * result.dt) if run else None
+    m["sim_self_contact_force_max_n"] = float(result.sim_self_contact_force[i, sim].max()) if sim.stop else 0.0
+
+
+def rule_self_collision(e: ClipEvidence) -> list[Reason]:
+    """``self_collision`` (reject): two links pass through each other, deeper than ``self_penetration_depth``
+    for longer than ``self_penetration_s``: in the reference itself (the motion cannot be performed by this
+    body), or else in the tracked motion (following the reference needs a deep, lasting self-contact the
+    reference does not have)."""
+    th, m = e.thresholds, e.metrics
+    for key, what in (("reference", "the reference"), ("sim", "the tracked motion")):
+        run = m.get(f"{key}_self_penetration_run_s", 0.0)
+        if run > th.self_penetration_s:
+            depth = m[f"{key}_self_penetration_max_m"]
+            msg = (
+                f"in {what} links pass through each other: {m[f'{key}_self_penetration_pair']} overlap by up to "
+                f"{depth:.3f} m (at {m[f'{key}_self_penetration_at_s']:.2f} s), deeper than "
+                f"{th.self_penetration_depth:g} m for {run:.2f} s from {m[f'{key}_self_penetration_start_s']:.2f} s"
+            )
+            return [_reason("self_collision", "reject", msg, depth, th.self_penetration_depth)]
+    return []
 
 
 def rule_diverged(e: ClipEvidence) -> list[Reason]:
@@ -586,6 +632,7 @@ RULES: tuple[Callable[[ClipEvidence], list[Reason]], ...] = (
     rule_impossible_dynamics,
     rule_foot_skating,
     rule_ground_penetration,
+    rule_self_collision,
     rule_fell,
     rule_tracking_error,
     rule_joint_limits,
