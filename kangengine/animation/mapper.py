@@ -1132,6 +1132,27 @@ class ArticulationMotionMapper:
                 out[id(g)] = self._native_cache[key]
         return out
 
+    def _native_place(self, dtype, fast, contiguous: bool):
+        """The native second pass of :meth:`_place_hinges` over time when one native 3-hinge group holds every
+        hinge and the hinge columns of q are contiguous (the SMPL humanoid), else None."""
+        if not (contiguous and len(fast) == 1 and len(self._groups) == 1 and self._native_kernels(dtype)):
+            return None
+        g = fast[0]
+        key = ("place", np.dtype(dtype).str)
+        if key not in self._native_cache:
+            from . import native_mapper
+
+            nh = len(self._hinge_q)
+            body, kind = np.zeros(nh, dtype=np.int64), np.zeros(nh, dtype=np.int64)
+            for j, cols in enumerate(g.hinge_cols):
+                body[cols] = j
+                kind[cols[1]] = 1
+            phi = self._davenport[g.axes].phi
+            self._native_cache[key] = native_mapper.place_kernel(
+                dtype, len(g.bodies), int(self._hinge_q[0]), body, kind, np.full(nh, phi), self._hinge_ref
+            )
+        return self._native_cache[key]
+
     def _native_block(self, kern, g, L, q, s, e, cross, dcost, carry, buf) -> bool:
         """:meth:`_fast_block` (time axis) of frames ``s:e`` by the native kernel; False (nothing kept: the
         carry is untouched) when a frame is near gimbal lock or a quaternion is zero, for numpy to redo."""
@@ -1271,7 +1292,12 @@ class ArticulationMotionMapper:
         first = None
         qmin = np.full(nh, np.inf)
         qmax = np.full(nh, -np.inf)
-        for s in range(0, N, _CHUNK):
+        kern = self._native_place(q.dtype, fast, contiguous) if time_axis and N else None
+        if kern is not None:  # one machine-code pass over all frames (native_mapper.place_ir)
+            state = np.zeros((5, nh))
+            kern(q, np.ascontiguousarray(use_b1[id(fast[0])]), state, False)
+            first, qmin, qmax = state[4], state[2], state[3]
+        for s in range(0, N if kern is None else 0, _CHUNK):
             e = min(s + _CHUNK, N)
             T = q[s:e, cols_q].copy() if contiguous else q[s:e][:, hq]
             for g in fast:

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ShapeError
 from .kinematics import native as _native
 
-__all__ = ["EulerBlockKernel", "euler_block_kernel", "euler_block_ir"]
+__all__ = ["EulerBlockKernel", "PlaceKernel", "euler_block_ir", "euler_block_kernel", "place_ir", "place_kernel"]
 
 _W = 8  # bodies per SIMD vector (float64: one AVX-512 register, two AVX2 ones)
 _ATAN_TERMS = 12  # u, u^3 / 3, ..., u^23 / 23: |u| <= tan(pi/8), truncation < 1.2e-11 rad
@@ -357,6 +357,147 @@ def euler_block_kernel(dtype, num_bodies: int, bodies, qcols, order: str, signs,
                 kern = EulerBlockKernel(engine, address, dtype, num_bodies, len(bodies))
                 kern.from_cache = cached
             except Exception:  # a broken toolchain only costs the fast path
+                kern = None
+        _KERNELS[key] = kern
+        return kern
+
+
+def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
+    """LLVM IR of the second pass (:meth:`ArticulationMotionMapper._place_hinges` over time, every hinge in
+    native groups, hinge columns ``q0 .. q0 + nh`` of q contiguous): per frame and hinge the chosen branch
+    (``sel [n, k]``, per body: outer angles ``t - pi sign(t)``, middle ``wrap(2 phi - t)``), unwrapped against the
+    frame before (``rint(step / 2 pi)`` turns), plus ``ref``, written back, with the running min/max.
+
+    ``hinge_body [nh]`` the body (0..k-1) of each hinge, ``hinge_kind [nh]`` 1 for a middle angle else 0,
+    ``phis``/``refs [nh]`` constants. The function is ``void place(T* q, i64 qstride, i8* sel, double* state,
+    i64 has_prev, i64 n)`` with ``state [5, nh]`` float64 in/out: previous branch angle, turns, min, max, and
+    the first frame's value (written when ``has_prev == 0``)."""
+    from llvmlite import ir
+
+    T = ir.FloatType() if np.dtype(dtype) == np.dtype(np.float32) else ir.DoubleType()
+    D, I64, I8 = ir.DoubleType(), ir.IntType(64), ir.IntType(8)
+    nh = len(hinge_body)
+    chunks = [list(range(c, min(c + _W, nh))) for c in range(0, nh, _W)]
+    mod = ir.Module(name="mapper_place")
+    fn = ir.Function(
+        mod, ir.FunctionType(ir.VoidType(), [T.as_pointer(), I64, I8.as_pointer(), D.as_pointer(), I64, I64]), "place"
+    )
+    pq, qstride, psel, pst, has_prev, n = fn.args
+    for a in (pq, psel, pst):
+        a.add_attribute("noalias")
+    entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    B = _Builder(ir, mod, b, T)
+    V, sp = B.V, B.splat
+    copysign = ir.Function(mod, ir.FunctionType(V, [V, V]), name=f"llvm.copysign.v{_W}f64")
+    init = [[B.gather(pst, [r * nh + j for j in ch], D) for r in range(5)] for ch in chunks]
+    first = b.icmp_signed("==", has_prev, B.i64(0))
+    b.cbranch(b.icmp_signed(">", n, B.i64(0)), loop, done)
+
+    b.position_at_end(loop)
+    f = b.phi(I64, "f")
+    f.add_incoming(B.i64(0), entry)
+    carried = [[b.phi(V) for _ in range(5)] for _ in chunks]
+    for row, ic in zip(carried, init):
+        for p, v in zip(row, ic):
+            p.add_incoming(v, entry)
+    fresh = b.and_(first, b.icmp_signed("==", f, B.i64(0)))
+    qrow = b.gep(pq, [b.mul(f, qstride)])
+    srow = b.gep(psel, [b.mul(f, B.i64(k))])
+    nexts = []
+    for ch, (prev, turns, mn, mx, first_v) in zip(chunks, carried):
+        m = len(ch)
+        raw = B.vload(qrow, q0 + ch[0], m, T)
+        t = B.widen(raw if m == _W else b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(_W)])))
+        s = ir.Constant(ir.VectorType(I8, _W), ir.Undefined)
+        for lane in range(_W):
+            x = b.load(b.gep(srow, [B.i64(int(hinge_body[ch[min(lane, m - 1)]]))]))
+            s = b.insert_element(s, x, B.i64(lane))
+        s = b.icmp_unsigned("!=", s, ir.Constant(ir.VectorType(I8, _W), [0] * _W))
+        lanes = [ch[min(x, m - 1)] for x in range(_W)]
+        kind = ir.Constant(ir.VectorType(ir.IntType(1), _W), [int(hinge_kind[j]) for j in lanes])
+        outer = b.fsub(t, B.call(copysign, sp(math.pi), t))
+        y = b.fsub(ir.Constant(V, [2.0 * float(phis[j]) for j in lanes]), t)
+        y = B.wrap(y)
+        y = b.select(b.fcmp_ordered(">", y, sp(math.pi)), b.fsub(y, sp(2.0 * math.pi)), y)
+        y = b.select(b.fcmp_ordered("<=", y, sp(-math.pi)), b.fadd(y, sp(2.0 * math.pi)), y)
+        t = b.select(s, b.select(kind, y, outer), t)
+        jump = B.call(B.rint, b.fmul(b.fsub(t, prev), sp(1.0 / (2.0 * math.pi))))
+        jump = b.select(fresh, sp(0.0), jump)
+        turns = b.fadd(turns, jump)
+        qv = b.fadd(t, b.fsub(ir.Constant(V, [float(refs[j]) for j in lanes]), b.fmul(turns, sp(2.0 * math.pi))))
+        qv_t = B.narrow(qv)
+        qv = B.widen(qv_t)  # min/max of the stored values, as numpy takes them
+        B.store_lanes(qrow, q0 + ch[0], qv_t, m, T)
+        mn = b.select(fresh, qv, B.call(B.vmin, mn, qv))
+        mx = b.select(fresh, qv, B.call(B.vmax, mx, qv))
+        nexts.append((t, turns, mn, mx, b.select(fresh, qv, first_v)))
+    f1 = b.add(f, B.i64(1))
+    end = b.block
+    f.add_incoming(f1, end)
+    for row, nx in zip(carried, nexts):
+        for p, v in zip(row, nx):
+            p.add_incoming(v, end)
+    b.cbranch(b.icmp_signed("<", f1, n), loop, done)
+
+    b.position_at_end(done)
+    finals = [[b.phi(V) for _ in range(5)] for _ in chunks]
+    for row, ic, nx in zip(finals, init, nexts):
+        for p, a, z in zip(row, ic, nx):
+            p.add_incoming(a, entry)
+            p.add_incoming(z, end)
+    for ch, row in zip(chunks, finals):
+        for r in range(5):
+            B.scatter(pst, [r * nh + j for j in ch], row[r], D)
+    b.ret_void()
+    return str(mod)
+
+
+class PlaceKernel:
+    """A compiled :func:`place_ir` kernel: ``kernel(q, sel, state, has_prev)``."""
+
+    def __init__(self, engine, address: int, dtype, k: int, q0: int, nh: int):
+        self._engine = engine
+        self.dtype, self.k, self.q0, self.nh = np.dtype(dtype), k, q0, nh
+        self.from_cache = False
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._fn = ctypes.CFUNCTYPE(None, vp, i64, vp, vp, i64, i64)(address)
+
+    def __call__(self, q, sel, state, has_prev: bool) -> None:
+        """Frames of ``q [m, nq]`` (rows contiguous, the kernel's dtype; hinge columns rewritten in place),
+        ``sel [m, k] bool`` C-contiguous (take branch 1), ``state [5, nh] float64`` (in/out)."""
+        m = q.shape[0]
+        ok = q.dtype == self.dtype and q.strides[1] == q.itemsize and q.shape[1] >= self.q0 + self.nh
+        ok = ok and sel.flags.c_contiguous and sel.dtype == np.bool_ and sel.shape == (m, self.k)
+        ok = ok and state.flags.c_contiguous and state.dtype == np.float64 and state.shape == (5, self.nh)
+        if not ok:
+            raise ShapeError(
+                f"got q {q.shape} {q.dtype}, sel {sel.shape} {sel.dtype}, state {state.shape}; expected q rows of "
+                f"{self.dtype} with columns {self.q0}..{self.q0 + self.nh}, sel [m, {self.k}] bool, state "
+                f"[5, {self.nh}] float64",
+                item="PlaceKernel",
+            )
+        addr = [x.__array_interface__["data"][0] for x in (q, sel, state)]
+        self._fn(addr[0], q.strides[0] // q.itemsize, addr[1], addr[2], int(bool(has_prev)), m)
+
+
+def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
+    """The compiled :func:`place_ir` kernel (cached like :func:`euler_block_kernel`), or ``None``."""
+    key = ("place", np.dtype(dtype).str, k, q0, tuple(map(int, hinge_body)), tuple(map(int, hinge_kind)))
+    key += (tuple(map(float, phis)), tuple(map(float, refs)))
+    with _LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+        kern = None
+        if _native.available():
+            try:
+                text = place_ir(dtype, k, q0, hinge_body, hinge_kind, phis, refs)
+                engine, address, cached = _native.compile_ir(
+                    lambda: text, _native.host_key("mapper-place 1", text), "place", optimize=True
+                )
+                kern = PlaceKernel(engine, address, dtype, k, q0, len(hinge_body))
+                kern.from_cache = cached
+            except Exception:
                 kern = None
         _KERNELS[key] = kern
         return kern
