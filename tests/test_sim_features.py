@@ -611,15 +611,22 @@ def test_runtime_queries_equal_mujoco_and_round_trip():
     np.testing.assert_allclose(jac.numpy(), fd.numpy(), atol=1e-7)
 
 
-def test_pose_from_links_recovers_the_joint_values():
-    model = _g1()
+@pytest.mark.parametrize("free_root", [False, True], ids=["fixed", "free"])
+def test_pose_from_links_recovers_the_joint_values(free_root):
+    """Link transforms from FK at random joint values (and a random root pose, with the ground contact on:
+    the search ignores it) give back those values."""
+    model = ke.sim.Model.from_desc(ke.asset.MJCFLoader.load(data_file(G1)), free_root=free_root, dtype=F64)
     gen = torch.Generator().manual_seed(2)
-    lo, hi = model.dof_lower, model.dof_upper
-    q_true = lo + (hi - lo) * (0.1 + 0.8 * torch.rand(2, model.nv, generator=gen, dtype=F64))
+    lo = torch.where(torch.isfinite(model.dof_lower), model.dof_lower, -1.0)
+    hi = torch.where(torch.isfinite(model.dof_upper), model.dof_upper, 1.0)
+    delta = lo + (hi - lo) * (0.1 + 0.8 * torch.rand(3, model.nv, generator=gen, dtype=F64))
+    q_true = runtime.add_delta_to_pose(model, ke.sim.State.neutral(model, 3).q, delta)
     pos, rot = ke.sim.link_transforms(model, q_true)
     state, residual = runtime.pose_from_links(model, pos, rot)
     assert float(residual.max()) < 1e-6
-    np.testing.assert_allclose(state.q.numpy(), q_true.numpy(), atol=1e-5)
+    got, _ = ke.sim.link_transforms(model, state.q)
+    np.testing.assert_allclose(got.numpy(), pos.numpy(), atol=1e-9)
+    np.testing.assert_allclose(runtime.pose_delta(model, q_true, state.q).numpy(), 0.0, atol=1e-9)
 
 
 def test_friction_and_joint_inertia_change_between_steps_without_a_new_model():

@@ -1,7 +1,7 @@
 """Quasistatic inverse kinematics on the simulator's own machinery.
 
 :func:`solve_ik` finds joint values that bring links to Cartesian targets (:class:`~kangengine.sim.pose.PoseTargets`)
-by repeating one implicit step of the pose controller *from rest*, with gravity and drives off: each step
+by repeating one implicit step of the pose controller *from rest*, with gravity, drives and contacts off: each step
 minimises ``1/2 v^T M v + sum_rows 1/2 k |e + h J v|^2 + joint-limit springs`` over ``v`` (a Levenberg-Marquardt
 step whose damping is the mass matrix, so heavy proximal links move less than light distal ones) and moves
 ``q <- q (+) h v``, then clamps every hinge and slide into its range (a projected step), so the answer
@@ -82,7 +82,7 @@ def solve_ik(
     """Joint values that bring the targeted links to their targets.
 
     Args:
-        model: the articulation (its gravity and drives are switched off here; limits stay).
+        model: the articulation (its gravity, drives and contacts are switched off here; limits stay).
         targets: :class:`PoseTargets` for ``W`` worlds; their stiffnesses weigh position against rotation
             (the defaults: 2000 N/m and 50 N m/rad, so 1 cm weighs like 0.063 rad).
         q_init: ``[W, nq]`` start (default: the neutral pose).
@@ -97,7 +97,12 @@ def solve_ik(
     """
     w = targets.position_world.shape[0] if targets.position_world is not None else targets.rotation_wxyz.shape[0]
     targets.check(model, w)
-    quiet = dataclasses.replace(model, gravity=torch.zeros_like(model.gravity), drive_envelope=None)
+    quiet = dataclasses.replace(
+        model,
+        gravity=torch.zeros_like(model.gravity),
+        drive_envelope=None,
+        contact=dataclasses.replace(model.contact, enabled=False, self_collision=False),
+    )
     sim = Simulator(quiet, dt=step, iterations=3, energy_correction=False)
     zero_gain = torch.zeros(quiet.nv, dtype=model.dtype, device=model.device)
     control = Control(pose_targets=targets, drive_stiffness=zero_gain, drive_damping=zero_gain)

@@ -23,6 +23,7 @@ import dataclasses
 
 import torch
 
+from .. import rotations as R
 from ..asset.desc import JointType
 from ..errors import ShapeError
 from .ik import solve_ik
@@ -116,10 +117,50 @@ def pose_from_links(
     """
     links = model.body_names
     targets = PoseTargets.from_names(model, links, position_world=position_world, rotation_wxyz=rotation_wxyz)
+    if q_init is None:
+        q_init = _joints_from_links(model, position_world, rotation_wxyz)
     res = solve_ik(
         model, targets, q_init, tolerance=tolerance, rotation_tolerance=tolerance, max_iterations=400, step=0.5
     )
     return State.from_q(model, res.q), res.position_error
+
+
+def _joints_from_links(model: Model, position_world: torch.Tensor, rotation_wxyz: torch.Tensor) -> torch.Tensor:
+    """``[W, nq]``: the joint values read off the link transforms where a body has one joint (free root,
+    hinge, slide, ball: exact for consistent transforms), neutral elsewhere (the IK refines those)."""
+    layout = model.layout
+    q = State.neutral(model, position_world.shape[0]).q.clone()
+    lpos, lrot = layout.local_transforms(q)  # parent_from_body at the neutral pose
+    parents = list(model.parents)
+    per_body: dict[int, int] = {}
+    for blk in layout.blocks:
+        if blk.joint_type is not JointType.FIXED:
+            per_body[blk.body_index] = per_body.get(blk.body_index, 0) + 1
+    for blk in layout.blocks:
+        b = blk.body_index
+        if per_body.get(b) != 1:
+            continue
+        p = parents[b]
+        if p < 0:
+            rel_rot, rel_pos = rotation_wxyz[:, b], position_world[:, b]
+        else:
+            inv = R.quat_conjugate(rotation_wxyz[:, p])
+            rel_rot = R.quat_multiply(inv, rotation_wxyz[:, b])
+            rel_pos = R.quat_rotate(inv, position_world[:, b] - position_world[:, p])
+        turn = R.quat_multiply(R.quat_conjugate(lrot[:, b]), rel_rot)  # the joint's motion from neutral (body)
+        o = blk.q_offset
+        if blk.joint_type is JointType.FREE and p < 0:
+            q[:, o : o + 3], q[:, o + 3 : o + 7] = position_world[:, b], rotation_wxyz[:, b]
+        elif blk.joint_type is JointType.HINGE:
+            axis = torch.as_tensor(blk.axis, dtype=q.dtype, device=q.device)
+            angle = 2.0 * torch.atan2((turn[:, 1:] * axis).sum(-1), turn[:, 0])
+            q[:, o] = q[:, o] + R.wrap_angle(angle)
+        elif blk.joint_type is JointType.BALL:
+            q[:, o : o + 4] = R.quat_multiply(q[:, o : o + 4], turn)
+        elif blk.joint_type is JointType.SLIDE:
+            axis = R.quat_rotate(lrot[:, b], torch.as_tensor(blk.axis, dtype=q.dtype, device=q.device))
+            q[:, o] = q[:, o] + ((rel_pos - lpos[:, b]) * axis).sum(-1)
+    return q
 
 
 def add_delta_to_pose(model: Model, q: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
