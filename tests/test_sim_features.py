@@ -794,3 +794,19 @@ def test_contact_filtering_by_adjacency_layers_and_overrides(tmp_path):
     assert pairs(contact_overrides={("a", "d"): False}) == [("gb", "gd")]
     with pytest.raises(ke.errors.UnknownNameError, match="no link 'e'"):
         pairs(contact_overrides={("a", "e"): True})
+
+
+def test_model_setters_rebuild_the_step_cache_and_check_input():
+    model = _g1()
+    stiff = model.with_joint_inertia(0.1).with_joint_friction(torch.full((model.nv,), 0.2, dtype=F64))
+    assert stiff.step_cache is not model.step_cache and stiff.body_inertia is model.body_inertia
+    np.testing.assert_allclose(
+        ke.sim.mass_matrix(stiff, torch.zeros(1, model.nq, dtype=F64))[0].numpy()
+        - ke.sim.mass_matrix(model, torch.zeros(1, model.nq, dtype=F64))[0].numpy(),
+        0.1 * np.eye(model.nv),
+        atol=1e-12,
+    )
+    with pytest.raises(ke.errors.ShapeError, match="armature"):
+        model.with_joint_inertia(torch.zeros(3, dtype=F64))
+    with pytest.raises(ke.errors.ShapeError, match="coulomb"):
+        model.with_joint_friction(-1.0)

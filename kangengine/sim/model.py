@@ -13,6 +13,7 @@ angular velocity in the parent joint frame, hinge/slide ``qd`` = joint rate.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -557,6 +558,31 @@ class Model:
         return model
 
     # -- helpers ------------------------------------------------------------------------------------------
+    def with_joint_friction(self, coulomb, *, stiction_extra: float = 0.0) -> Model:
+        """A model with Coulomb joint friction ``coulomb`` (N m or N; scalar or ``[nv]``) and ``stiction_extra``
+        on the DOFs that have friction; every other tensor is shared and the step cache rebuilt (the
+        reference's ``SetArticulatedJointFrictionParams``; a simulator picks it up through
+        :func:`kangengine.sim.runtime.set_joint_friction`)."""
+        c = self._dof_values(coulomb, "coulomb")
+        stiction = torch.where(c > 0, float(stiction_extra), 0.0).to(c.dtype)
+        return dataclasses.replace(self, dof_friction_coulomb=c, dof_friction_stiction=stiction)
+
+    def with_joint_inertia(self, armature) -> Model:
+        """A model with joint inertia ``armature`` (kg m^2 or kg; scalar or ``[nv]``), as
+        :meth:`with_joint_friction` (``SetArticulatedJointInertiaParams``)."""
+        return dataclasses.replace(self, dof_armature=self._dof_values(armature, "armature"))
+
+    def _dof_values(self, values, what: str) -> torch.Tensor:
+        x = torch.as_tensor(values, dtype=self.dtype, device=self.device)
+        x = x.expand(self.nv).clone() if x.dim() == 0 else x
+        if tuple(x.shape) != (self.nv,) or not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
+            raise ShapeError(
+                f"expected a scalar or [{self.nv}] finite values >= 0, got shape {tuple(x.shape)}",
+                path=self.layout.source,
+                item=what,
+            )
+        return x
+
     def check_state(self, q: torch.Tensor, qd: torch.Tensor | None = None) -> None:
         """Raise :class:`ShapeError` unless ``q [W, nq]`` (and ``qd [W, nv]``) match the model's sizes,
         dtype and device."""

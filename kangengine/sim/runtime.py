@@ -19,8 +19,6 @@ compose on the rotation manifold.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from .. import rotations as R
@@ -197,33 +195,15 @@ def _rebuilt(sim: Simulator, model: Model) -> Simulator:
     return sim
 
 
-def _dof_values(model: Model, values, what: str) -> torch.Tensor:
-    x = torch.as_tensor(values, dtype=model.dtype, device=model.device)
-    x = x.expand(model.nv).clone() if x.dim() == 0 else x
-    if tuple(x.shape) != (model.nv,) or not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
-        raise ShapeError(
-            f"expected a scalar or [{model.nv}] finite values >= 0, got {tuple(x.shape)}",
-            path=model.layout.source,
-            item=what,
-        )
-    return x
-
-
 def set_joint_friction(sim: Simulator, coulomb, *, stiction_extra: float = 0.0) -> Simulator:
     """Change the Coulomb joint friction (N m or N per DOF, scalar or ``[nv]``) between steps: the model is
     not rebuilt (its other tensors are shared), the simulator's step constants are derived anew. DOFs with
     friction get ``stiction_extra`` on top (as :class:`~kangengine.sim.JointFriction`), others none.
     Returns ``sim`` (changed in place; ``sim.model`` is the new model)."""
-    c = _dof_values(sim.model, coulomb, "coulomb")
-    model = dataclasses.replace(
-        sim.model,
-        dof_friction_coulomb=c,
-        dof_friction_stiction=torch.where(c > 0, stiction_extra, 0.0).to(c.dtype),
-    )
-    return _rebuilt(sim, model)
+    return _rebuilt(sim, sim.model.with_joint_friction(coulomb, stiction_extra=stiction_extra))
 
 
 def set_joint_inertia(sim: Simulator, armature) -> Simulator:
     """Change the joint inertia (armature, kg m^2 or kg per DOF, scalar or ``[nv]``) between steps, as
     :func:`set_joint_friction`. Returns ``sim``."""
-    return _rebuilt(sim, dataclasses.replace(sim.model, dof_armature=_dof_values(sim.model, armature, "armature")))
+    return _rebuilt(sim, sim.model.with_joint_inertia(armature))
