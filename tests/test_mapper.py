@@ -968,6 +968,9 @@ def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype):
     if dtype == np.float64:
         assert np.abs(a.motion.qd - b.motion.qd).max() < 1e-6
     assert np.array_equal(a.residual_angles, b.residual_angles)
+    # the hinges' qd written by the native second pass: the public velocities() of the mapped q (float32 q: its
+    # rounding / 2 dt)
+    np.testing.assert_allclose(a.motion.qd, mapper.velocities(a.motion.q, fps), atol=2e-4)
     ma, mb = a.motion.metadata["mapper"], b.motion.metadata["mapper"]
     assert ma.keys() == mb.keys() and ma["rewrapped_frames"] == mb["rewrapped_frames"]
     assert ma["limit_violation_dofs"].keys() == mb["limit_violation_dofs"].keys()

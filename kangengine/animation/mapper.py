@@ -739,12 +739,18 @@ class ArticulationMotionMapper:
         L = np.asarray(m.local_rotation)
         rt = np.asarray(m.root_translation)
         dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
-        q, residual, clamped, rewrapped, q_path = self._solve(
-            L.astype(dtype, copy=False), rt.astype(dtype, copy=False), time_axis=True, clamp=clamp_to_limits
-        )
         lay = self.layout
         fps = skeleton_motion.fps
-        qd = self.velocities(q_path, fps)
+        # the native second pass can write the hinges' qd on the way (q_path is q: no clamping, no re-wrapping)
+        qd_out = {"fps": fps, "qd": None} if not clamp_to_limits and not self._hinge_narrow.any() else None
+        q, residual, clamped, rewrapped, q_path = self._solve(
+            L.astype(dtype, copy=False),
+            rt.astype(dtype, copy=False),
+            time_axis=True,
+            clamp=clamp_to_limits,
+            qd_out=qd_out,
+        )
+        qd = self._velocities(q_path, fps, None if qd_out is None else qd_out["qd"])
         meta = dict(skeleton_motion.metadata)
         meta["mapper"] = self._mapping_summary(q, residual, clamped, rewrapped, clamp_to_limits)
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
@@ -890,6 +896,11 @@ class ArticulationMotionMapper:
         one-sided ``layout.difference`` at the first and last frame, zeros for a single frame. Rotations
         between ``t-1`` and ``t+1`` must stay below pi (the shortest rotation is taken).
         """
+        return self._velocities(q, fps, None)
+
+    def _velocities(self, q, fps: float, pre) -> np.ndarray:
+        """:meth:`velocities`; ``pre`` (or None): ``qd [frames, nv]`` whose hinge columns' inner rows the native
+        second pass already holds (:meth:`_place_hinges`), the rest is filled here."""
         lay = self.layout
         q = np.asarray(q)
         n = q.shape[0]
@@ -897,7 +908,14 @@ class ArticulationMotionMapper:
             return np.zeros((n, lay.nv), dtype=q.dtype)
         dt = 1.0 / float(fps)
         runs, rots = self._tangent_runs
-        qd = np.empty((n, lay.nv), dtype=q.dtype) if self._tangent_covers else np.zeros((n, lay.nv), dtype=q.dtype)
+        if pre is not None:
+            qd = pre
+            hinge_run = (int(self._hinge_q[0]), int(self._hinge_v[0]), len(self._hinge_q))
+            runs = tuple(r for r in runs if tuple(map(int, r)) != hinge_run)
+        elif self._tangent_covers:
+            qd = np.empty((n, lay.nv), dtype=q.dtype)
+        else:
+            qd = np.zeros((n, lay.nv), dtype=q.dtype)
         # inside: layout.difference(q[2:], q[:-2], 2 dt) block by block, written in place (no [frames, nv]
         # temporaries); the same operations, so the same values
         for s in range(1, n - 1, _CHUNK):  # frame blocks: the difference is still in cache when divided
@@ -937,10 +955,12 @@ class ArticulationMotionMapper:
             )
 
     # -- the solver ------------------------------------------------------------------------------------
-    def _solve(self, L: np.ndarray, root_translation: np.ndarray, *, time_axis: bool, clamp: bool):
+    def _solve(self, L: np.ndarray, root_translation: np.ndarray, *, time_axis: bool, clamp: bool, qd_out=None):
         """L ``[N, B, 4]``, root ``[N, 3]`` -> q ``[N, nq]``, residual ``[N, B]``, clamped ``[N, nv]``,
         ``[hinges]`` frames re-wrapped per hinge (:meth:`_rewrap_narrow`), and the path ``qd`` differentiates:
-        the unwrapped angles before re-wrapping (same rotations, no 2 pi steps), or the clamped ``q``."""
+        the unwrapped angles before re-wrapping (same rotations, no 2 pi steps), or the clamped ``q``. ``qd_out``
+        (motions): ``{"fps": fps, "qd": None}``; ``"qd"`` is set when the native second pass wrote the hinges'
+        velocities (:meth:`_velocities` fills the rest)."""
         lay = self.layout
         N = L.shape[0]
         dt = L.dtype
@@ -962,7 +982,7 @@ class ArticulationMotionMapper:
             J = self._joint_rotation(L, idx)
             residual[:, idx] = R.quat_angle(J)
         if len(self._hinge_q):
-            self._solve_hinges(L, q, residual, time_axis)  # checks every quaternion on the way
+            self._solve_hinges(L, q, residual, time_axis, qd_out)  # checks every quaternion on the way
         else:
             self._check_nonzero(np.moveaxis(L, -1, 0), 0)
         q_path = q.copy() if time_axis and not clamp and self._hinge_narrow.any() else q
@@ -1011,7 +1031,7 @@ class ArticulationMotionMapper:
             Lg = np.moveaxis(R.quat_multiply(r, np.moveaxis(Lg, 0, -1)), -1, 0)
         return Lg
 
-    def _solve_hinges(self, L: np.ndarray, q: np.ndarray, residual: np.ndarray, time_axis: bool):
+    def _solve_hinges(self, L: np.ndarray, q: np.ndarray, residual: np.ndarray, time_axis: bool, qd_out=None):
         """Hinge angles of every group into ``q``'s hinge columns (in place).
 
         Pass 1 (frame blocks): closed forms; the joint angles (in [-pi, pi]) go to ``q``. For complete
@@ -1098,7 +1118,7 @@ class ArticulationMotionMapper:
             t, r = self._pick_branch(g, th, res, time_axis)
             q[:, hq[g.hinge_cols].reshape(-1)] = t.reshape(N, -1)
             residual[:, g.bodies] = r
-        self._place_hinges(q, fast, use_b1, time_axis)
+        self._place_hinges(q, fast, use_b1, time_axis, qd_out)
 
     def _native_kernels(self, dtype) -> dict:
         """``{id(group): kernel}`` of the complete 3-hinge groups the native Euler kernel handles here
@@ -1274,7 +1294,7 @@ class ArticulationMotionMapper:
         r = None if res is None else np.where(use, res[1], res[0])
         return th, r
 
-    def _place_hinges(self, q: np.ndarray, fast, use_b1: dict, time_axis: bool):
+    def _place_hinges(self, q: np.ndarray, fast, use_b1: dict, time_axis: bool, qd_out=None):
         """Joint angles in ``q``'s hinge columns (in [-pi, pi]) -> hinge ``q`` (in place): the chosen
         branch of complete 3-hinge groups, then (motions) unwrapped over time and shifted by one multiple
         of 2 pi per hinge, the one that puts the whole series inside the limits or, failing that, overshoots
@@ -1295,7 +1315,15 @@ class ArticulationMotionMapper:
         kern = self._native_place(q.dtype, fast, contiguous) if time_axis and N else None
         if kern is not None:  # one machine-code pass over all frames (native_mapper.place_ir)
             state = np.zeros((5, nh))
-            kern(q, np.ascontiguousarray(use_b1[id(fast[0])]), state, False)
+            qd = None
+            hv, runs = self._hinge_v, self._tangent_runs[0]
+            hinge_run = (int(hq[0]), int(hv[0]), nh) in [tuple(map(int, r)) for r in runs]
+            if qd_out is not None and N >= 3 and hinge_run:  # the hinges' central differences on the way
+                lay = self.layout
+                qd = np.empty((N, lay.nv), dtype=dt) if self._tangent_covers else np.zeros((N, lay.nv), dtype=dt)
+                qd_out["qd"] = qd
+            fps = qd_out["fps"] if qd is not None else 1.0
+            kern(q, np.ascontiguousarray(use_b1[id(fast[0])]), state, False, qd, int(self._hinge_v[0]), fps)
             first, qmin, qmax = state[4], state[2], state[3]
         for s in range(0, N if kern is None else 0, _CHUNK):
             e = min(s + _CHUNK, N)

@@ -370,8 +370,11 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
 
     ``hinge_body [nh]`` the body (0..k-1) of each hinge, ``hinge_kind [nh]`` 1 for a middle angle else 0,
     ``phis``/``refs [nh]`` constants. The function is ``void place(T* q, i64 qstride, i8* sel, double* state,
-    i64 has_prev, i64 n)`` with ``state [5, nh]`` float64 in/out: previous branch angle, turns, min, max, and
-    the first frame's value (written when ``has_prev == 0``)."""
+    i64 has_prev, i64 n, T* qd, i64 qdstride, i64 v0, double two_dt)`` with ``state [5, nh]`` float64
+    in/out: previous branch angle, turns, min, max, and the first frame's value (written when
+    ``has_prev == 0``). When ``qd`` is not null, the central differences ``(q[t+1] - q[t-1]) / two_dt`` of the
+    placed angles go to ``qd[t, v0 + h]`` for ``t`` in ``[1, n - 2]`` (rows 0 and ``n - 1`` are scribbled: the
+    caller writes them; one call must cover every frame)."""
     from llvmlite import ir
 
     T = ir.FloatType() if np.dtype(dtype) == np.dtype(np.float32) else ir.DoubleType()
@@ -379,11 +382,10 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     nh = len(hinge_body)
     chunks = [list(range(c, min(c + _W, nh))) for c in range(0, nh, _W)]
     mod = ir.Module(name="mapper_place")
-    fn = ir.Function(
-        mod, ir.FunctionType(ir.VoidType(), [T.as_pointer(), I64, I8.as_pointer(), D.as_pointer(), I64, I64]), "place"
-    )
-    pq, qstride, psel, pst, has_prev, n = fn.args
-    for a in (pq, psel, pst):
+    args = [T.as_pointer(), I64, I8.as_pointer(), D.as_pointer(), I64, I64, T.as_pointer(), I64, I64, D]
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), args), "place")
+    pq, qstride, psel, pst, has_prev, n, pqd, qdstride, v0, two_dt = fn.args
+    for a in (pq, psel, pst, pqd):
         a.add_attribute("noalias")
     entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
     b = ir.IRBuilder(entry)
@@ -392,20 +394,29 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     copysign = ir.Function(mod, ir.FunctionType(V, [V, V]), name=f"llvm.copysign.v{_W}f64")
     init = [[B.gather(pst, [r * nh + j for j in ch], D) for r in range(5)] for ch in chunks]
     first = b.icmp_signed("==", has_prev, B.i64(0))
+    want_qd = b.icmp_unsigned("!=", b.ptrtoint(pqd, I64), B.i64(0))
+    tdt = b.insert_element(ir.Constant(V, ir.Undefined), two_dt, B.i64(0))
+    tdt = b.shuffle_vector(tdt, tdt, B.mask([0] * _W))
     b.cbranch(b.icmp_signed(">", n, B.i64(0)), loop, done)
 
     b.position_at_end(loop)
     f = b.phi(I64, "f")
     f.add_incoming(B.i64(0), entry)
     carried = [[b.phi(V) for _ in range(5)] for _ in chunks]
+    back = [[b.phi(V) for _ in range(2)] for _ in chunks]  # placed values of frames f-1, f-2
+    for row in back:
+        for p in row:
+            p.add_incoming(ir.Constant(V, ir.Undefined), entry)
     for row, ic in zip(carried, init):
         for p, v in zip(row, ic):
             p.add_incoming(v, entry)
     fresh = b.and_(first, b.icmp_signed("==", f, B.i64(0)))
     qrow = b.gep(pq, [b.mul(f, qstride)])
     srow = b.gep(psel, [b.mul(f, B.i64(k))])
-    nexts = []
-    for ch, (prev, turns, mn, mx, first_v) in zip(chunks, carried):
+    fm1 = b.select(b.icmp_signed(">", f, B.i64(0)), b.sub(f, B.i64(1)), B.i64(0))
+    drow = b.gep(pqd, [b.add(b.mul(fm1, qdstride), v0)])
+    nexts, backs = [], []
+    for ch, (prev, turns, mn, mx, first_v), (p1, p2) in zip(chunks, carried, back):
         m = len(ch)
         raw = B.vload(qrow, q0 + ch[0], m, T)
         t = B.widen(raw if m == _W else b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(_W)])))
@@ -429,6 +440,9 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
         qv_t = B.narrow(qv)
         qv = B.widen(qv_t)  # min/max of the stored values, as numpy takes them
         B.store_lanes(qrow, q0 + ch[0], qv_t, m, T)
+        backs.append((qv, p1))
+        with b.if_then(want_qd):
+            B.store_lanes(drow, ch[0], B.narrow(b.fdiv(b.fsub(qv, p2), tdt)), m, T)
         mn = b.select(fresh, qv, B.call(B.vmin, mn, qv))
         mx = b.select(fresh, qv, B.call(B.vmax, mx, qv))
         nexts.append((t, turns, mn, mx, b.select(fresh, qv, first_v)))
@@ -436,6 +450,9 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     end = b.block
     f.add_incoming(f1, end)
     for row, nx in zip(carried, nexts):
+        for p, v in zip(row, nx):
+            p.add_incoming(v, end)
+    for row, nx in zip(back, backs):
         for p, v in zip(row, nx):
             p.add_incoming(v, end)
     b.cbranch(b.icmp_signed("<", f1, n), loop, done)
@@ -461,11 +478,13 @@ class PlaceKernel:
         self.dtype, self.k, self.q0, self.nh = np.dtype(dtype), k, q0, nh
         self.from_cache = False
         vp, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn = ctypes.CFUNCTYPE(None, vp, i64, vp, vp, i64, i64)(address)
+        self._fn = ctypes.CFUNCTYPE(None, vp, i64, vp, vp, i64, i64, vp, i64, i64, ctypes.c_double)(address)
 
-    def __call__(self, q, sel, state, has_prev: bool) -> None:
+    def __call__(self, q, sel, state, has_prev: bool, qd=None, v0: int = 0, fps: float = 1.0) -> None:
         """Frames of ``q [m, nq]`` (rows contiguous, the kernel's dtype; hinge columns rewritten in place),
-        ``sel [m, k] bool`` C-contiguous (take branch 1), ``state [5, nh] float64`` (in/out)."""
+        ``sel [m, k] bool`` C-contiguous (take branch 1), ``state [5, nh] float64`` (in/out); with ``qd
+        [m, nv]`` (rows contiguous, same dtype, ``has_prev`` False: all frames in one call) the hinges' central
+        differences at ``fps`` into columns ``v0 .. v0 + nh`` of rows ``1 .. m - 2``."""
         m = q.shape[0]
         ok = q.dtype == self.dtype and q.strides[1] == q.itemsize and q.shape[1] >= self.q0 + self.nh
         ok = ok and sel.flags.c_contiguous and sel.dtype == np.bool_ and sel.shape == (m, self.k)
@@ -477,8 +496,29 @@ class PlaceKernel:
                 f"[5, {self.nh}] float64",
                 item="PlaceKernel",
             )
+        if qd is not None:
+            ok = qd.dtype == self.dtype and qd.strides[1] == qd.itemsize and qd.shape[0] == m and not has_prev
+            if not (ok and 0 <= v0 and v0 + self.nh <= qd.shape[1]):
+                raise ShapeError(
+                    f"got qd {qd.shape} {qd.dtype}, v0 {v0}; expected rows of {self.dtype} for all {m} frames "
+                    f"with columns {v0}..{v0 + self.nh}",
+                    item="PlaceKernel",
+                )
         addr = [x.__array_interface__["data"][0] for x in (q, sel, state)]
-        self._fn(addr[0], q.strides[0] // q.itemsize, addr[1], addr[2], int(bool(has_prev)), m)
+        qd_addr, qd_stride = (0, 0) if qd is None else (qd.__array_interface__["data"][0], qd.strides[0] // qd.itemsize)
+        two_dt = 2.0 * (1.0 / float(fps))  # as velocities: 2 dt
+        self._fn(
+            addr[0],
+            q.strides[0] // q.itemsize,
+            addr[1],
+            addr[2],
+            int(bool(has_prev)),
+            m,
+            qd_addr,
+            qd_stride,
+            int(v0),
+            two_dt,
+        )
 
 
 def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
@@ -493,7 +533,7 @@ def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
             try:
                 text = place_ir(dtype, k, q0, hinge_body, hinge_kind, phis, refs)
                 engine, address, cached = _native.compile_ir(
-                    lambda: text, _native.host_key("mapper-place 1", text), "place", optimize=True
+                    lambda: text, _native.host_key("mapper-place 2", text), "place", optimize=True
                 )
                 kern = PlaceKernel(engine, address, dtype, k, q0, len(hinge_body))
                 kern.from_cache = cached
