@@ -6,6 +6,9 @@ are closed. During a phase the robot foot is held at one place: its origin at th
 the source asks for, its sole (the configuration's sole points) flat on the ground, turned to the mean
 heading of the source foot over the phase. Around a phase the targets follow the source's own motion from
 the held place and their weight ramps smoothly over ``blend_s``, so the foot is put down and lifted smoothly.
+Where the source has heel and toe, the rear sole points are held only while its heel is down and the front ones
+only while its toe is down (the foot rolls over its toe at heel-off as the source's does), and where the source
+heel itself wanders more than :data:`HOLD_RADIUS_M` within a phase (a shuffle), the held sole follows the excess.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ContactPhases", "detect_contact", "contact_phases", "held_sole_targets", "phase_slide"]
+HOLD_RADIUS_M = 0.02
+"""m: how far the source heel may wander within a contact phase before the held sole follows it."""
+
+__all__ = ["HOLD_RADIUS_M", "ContactPhases", "detect_contact", "contact_phases", "held_sole_targets", "phase_slide"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,9 @@ def held_sole_targets(
     *,
     ground: float,
     blend_frames: float,
+    heel_down=None,
+    toe_down=None,
+    hold_radius: float = HOLD_RADIUS_M,
 ):
     """Sole targets of the robot foot held at one place per phase, and their weights.
 
@@ -137,37 +146,84 @@ def held_sole_targets(
         sole_points_foot: ``[points, 3]`` m, the sole in the foot frame.
         ground: m, floor height.
         blend_frames: ramp length of the weight outside a phase.
+        heel_down, toe_down: ``[frames] bool`` or ``None``: where the source heel (toe) is down on its own.
+            Given, a phase holds the rear points (``x < 0``) only while the heel is down and the others only
+            while the toe is down (a frame of the phase where neither is down holds both), so the foot rolls
+            over its toe at heel-off and over its heel at heel-strike as the source's does, each point
+            released and put down with the same smooth ramp; the held place is where the heel stands while
+            it is down. ``None``: the whole sole is held through the phase.
+        hold_radius: m. Where the source heel itself wanders farther than this from the held place during
+            a phase (a shuffle or a pivot read as contact), the held sole follows it by the excess, so the
+            robot foot never slides more than the source's does and never lags it by more than this.
     Returns:
-        ``(targets [frames, points, 3] m world, weight [frames] in [0, 1])``.
+        ``(targets [frames, points, 3] m world, weight [frames, points] in [0, 1])``.
     """
     n = heel_world.shape[0]
     sole = np.asarray(sole_points_foot, dtype=np.float64)
     if phases.num_phases == 0:
-        return np.zeros((n, sole.shape[0], 3)), np.zeros(n)
+        return np.zeros((n, sole.shape[0], 3)), np.zeros((n, sole.shape[0]))
     k = phases.num_phases
     pid = phases.phase_id
     inside = pid >= 0
-    cnt = np.bincount(pid[inside], minlength=k).astype(np.float64).clip(1.0)
-    origin = np.stack([np.bincount(pid[inside], heel_world[inside, i], minlength=k) for i in range(3)], -1)
+    rear = sole[:, 0] < 0
+    held_heel, held_toe = _held_masks(phases, heel_down, toe_down)
+    # the held place: the mean heel position while the heel is down (the whole phase where it never is)
+    by = inside & held_heel
+    has = np.bincount(pid[by], minlength=k) > 0
+    by = by | (inside & ~has[pid.clip(0)])
+    cnt = np.bincount(pid[by], minlength=k).astype(np.float64).clip(1.0)
+    origin = np.stack([np.bincount(pid[by], heel_world[by, i], minlength=k) for i in range(3)], -1)
     origin /= cnt[:, None]
     fwd = np.stack([np.bincount(pid[inside], foot_forward_world[inside, i], minlength=k) for i in range(2)], -1)
     yaw = np.arctan2(fwd[:, 1], fwd[:, 0])
     origin[:, 2] = ground - sole[:, 2].min()  # flat sole on the floor
-    near, dist = _nearest_contact(phases)
-    p = pid[near]
-    ramp = np.clip(1.0 - dist / max(blend_frames, 1.0), 0.0, 1.0)
-    weight = np.where(inside, 1.0, ramp * ramp * (3.0 - 2.0 * ramp))  # smoothstep: no kink where it starts
-    c, s = np.cos(yaw[p]), np.sin(yaw[p])
-    rx = c[:, None] * sole[None, :, 0] - s[:, None] * sole[None, :, 1]
-    ry = s[:, None] * sole[None, :, 0] + c[:, None] * sole[None, :, 1]
-    held = np.stack([rx, ry, np.broadcast_to(sole[None, :, 2], rx.shape)], -1) + origin[p][:, None, :]
-    # outside a phase: the source's own motion since (or until) the nearest contact frame
-    heel_move = heel_world - heel_world[near]
-    toe_move = heel_move if toe_world is None else toe_world - toe_world[near]
-    move = np.where((sole[:, 0] < 0)[None, :, None], heel_move[:, None, :], toe_move[:, None, :])
-    targets = held + np.where(inside[:, None, None], 0.0, move)
-    targets[..., 2] = np.maximum(targets[..., 2], held[..., 2])
+    targets = np.zeros((n, sole.shape[0], 3))
+    weight = np.zeros((n, sole.shape[0]))
+    toe_world = heel_world if toe_world is None else toe_world
+    for cols, mask, src in ((rear, held_heel, heel_world), (~rear, held_toe, toe_world)):  # two point groups
+        if not cols.any():
+            continue
+        grp = ContactPhases(mask, np.where(mask, pid, -1), phases.starts, phases.ends)
+        near, dist = _nearest_contact(grp)
+        p = pid[near]
+        ramp = np.clip(1.0 - dist / max(blend_frames, 1.0), 0.0, 1.0)
+        w = np.where(mask, 1.0, ramp * ramp * (3.0 - 2.0 * ramp))  # smoothstep: no kink where it starts
+        c, s = np.cos(yaw[p]), np.sin(yaw[p])
+        pts = sole[cols]
+        rx = c[:, None] * pts[None, :, 0] - s[:, None] * pts[None, :, 1]
+        ry = s[:, None] * pts[None, :, 0] + c[:, None] * pts[None, :, 1]
+        held = np.stack([rx, ry, np.broadcast_to(pts[None, :, 2], rx.shape)], -1) + origin[p][:, None, :]
+        # released: the source's own motion since (or until) the nearest frame this group is held
+        move = np.where(mask[:, None], 0.0, (src - src[near]))
+        move[:, :2] += _drift(pid, mask, src, hold_radius)[near]  # held where the foot is (or was last) held
+        move = move[:, None, :]
+        tg = held + move
+        tg[..., 2] = np.maximum(tg[..., 2], held[..., 2])
+        targets[:, cols] = tg
+        weight[:, cols] = w[:, None]
     return targets, weight
+
+
+def _drift(pid, mask, src, radius: float) -> np.ndarray:
+    """``[frames, 2]`` m: how far ``src`` wanders beyond ``radius`` from its mean over the held frames of its
+    phase (zero outside them and where it stays within)."""
+    k = int(pid.max()) + 1
+    cnt = np.bincount(pid[mask], minlength=k).astype(np.float64).clip(1.0)
+    mean = np.stack([np.bincount(pid[mask], src[mask, i], minlength=k) for i in range(2)], -1) / cnt[:, None]
+    d = np.where(mask[:, None], src[:, :2] - mean[pid.clip(0)], 0.0)
+    r = np.linalg.norm(d, axis=-1, keepdims=True)
+    return d * np.clip(1.0 - radius / np.maximum(r, 1e-12), 0.0, None)
+
+
+def _held_masks(phases: ContactPhases, heel_down, toe_down) -> tuple[np.ndarray, np.ndarray]:
+    """``(heel held [frames], toe held [frames])`` bool inside the phases (see :func:`held_sole_targets`)."""
+    c = phases.in_contact
+    if heel_down is None or toe_down is None:
+        return c, c
+    heel = c & np.asarray(heel_down, dtype=bool)
+    toe = c & np.asarray(toe_down, dtype=bool)
+    neither = c & ~heel & ~toe
+    return heel | neither, toe | neither
 
 
 def phase_slide(phases: ContactPhases, points_world) -> np.ndarray:

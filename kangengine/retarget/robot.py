@@ -232,9 +232,23 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
             forward = toe_w - heel_w
         else:
             forward = R.quat_rotate(src.rot[:, heel], np.array([1.0, 0.0, 0.0]))
-        tgt, w = held_sole_targets(
-            ph, heel_w, toe_w, forward, sole, ground=cfg.ground_height, blend_frames=opts.blend_s * fps
+        th = {"height_threshold": opts.height_threshold, "speed_threshold": opts.speed_threshold}
+        heel_down = toe_down = None
+        if toe_w is not None:  # heel and toe on their own: the foot rolls over them as the source's does
+            heel_down = detect_contact(heel_w, None, fps, **th)
+            toe_down = detect_contact(toe_w, None, fps, **th)
+        tgt, wp = held_sole_targets(
+            ph,
+            heel_w,
+            toe_w,
+            forward,
+            sole,
+            ground=cfg.ground_height,
+            blend_frames=opts.blend_s * fps,
+            heel_down=heel_down,
+            toe_down=toe_down,
         )
+        w = wp.mean(1)  # [N] the share of the sole held
         # the foot's key targets: lowered by the ankle-height difference seen in contact
         if ph.in_contact.any():
             dz = float(np.median(cfg.ground_height - sole[:, 2].min() - heel_w[ph.in_contact, 2]))
@@ -247,7 +261,7 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         phases.append(ph)
         ramps.append(w)
         sole_t.append(tgt)
-        sole_w.append(np.repeat(w[:, None], sole.shape[0], 1) * cfg.solver.contact_weight)
+        sole_w.append(wp * cfg.solver.contact_weight)
         sole_b += [fb] * sole.shape[0]
         sole_o.append(sole)
         src_feet.append(heel_w)
