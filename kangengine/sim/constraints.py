@@ -56,7 +56,8 @@ class Constraints:
     Attributes:
         point_body: ``[P]`` long, body of each point; point_local: ``[P, 3]`` m, in the body frame.
         cycle_child, cycle_parent: ``[K]`` long point indices (pivot on the child, on the parent).
-        fixed_matrix: ``[T, nv]`` tendon coefficients ``a`` over the DOFs (hinge/slide); fixed_offset ``[T]``.
+        fixed_matrix: ``[T, nv]`` tendon coefficients ``a`` over the DOFs (hinge/slide); fixed_offset ``[T]``
+            (compliant mimic rows, :func:`with_compliant_mimics`, are appended to this block).
         segment_a, segment_b: ``[G]`` long point indices; segment_weight ``[G]``; segment_tendon ``[G]``
             long, the spatial tendon (``0..S-1``) each segment belongs to.
         stiffness, damping: ``[R]`` N/m (N m/rad for a fixed tendon over hinges), N s/m.

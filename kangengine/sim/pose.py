@@ -86,12 +86,8 @@ class PoseTargets:
             rotation_stiffness=float(rotation_stiffness),
             rotation_damping=float(rotation_damping),
         )
-        w = (
-            (position_world if position_world is not None else rotation_wxyz).shape[0]
-            if (position_world is not None or rotation_wxyz is not None)
-            else 0
-        )
-        out.check(model, w)
+        given = position_world if position_world is not None else rotation_wxyz
+        out.check(model, given.shape[0] if isinstance(given, torch.Tensor) else 0)
         return out
 
     def check(self, model, num_worlds: int) -> None:
