@@ -9,7 +9,10 @@ joint-limit springs, passive joint springs, the PD drives and the ground-contact
 holds joint damping, joint friction, limit and contact damping and the contact friction potential (the
 drive's damping enters through its implicit force). Joint-space terms use ``q (+) h v`` exactly; contact
 positions are linearised at ``q`` (``p(v) = p(q) + h J(q) v``), so one forward kinematics per step serves
-all iterations.
+all iterations. The rows of cycle joints, tendon spring-dampers, spatial tendons, compliant mimic joints and
+the pose controller's Cartesian targets (:mod:`~kangengine.sim.constraints`, :mod:`~kangengine.sim.pose`)
+are linearised the same way and add ``J^T diag(w) J`` to the dense Hessian; a drive envelope
+(:mod:`~kangengine.sim.drives`) makes the effort clamp speed-dependent and adds a joint speed barrier.
 
 Newton: exact Hessians of the quadratic terms (``M``, springs, viscous damping, active penalties);
 Gauss-Newton / majorizing curvatures for the rest (friction ``phi'(|u|)/|u|``, clamped drives
