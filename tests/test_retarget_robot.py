@@ -419,13 +419,17 @@ CLIPS = {
     "131_01": ("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh", 0, 300),
     "01_01": ("bvh/cmu/01_01_cgspeed_hops_long.bvh", 0, 300),
 }
+#: our mean key-body error over mink's allowed per clip: no worse than mink (2 % for noise) where that is
+#: reached; 131_01 is not yet (measured +7 %: its feet are held flat where the 3dsMax source rolls and turns them)
+MINK_MEAN_RATIO = {"02_01": 1.02, "131_01": 1.10, "01_01": 1.02}
 
 
 @pytest.mark.parametrize("clip", list(CLIPS))
 def test_three_clips_against_the_mink_baseline(clip, config):
     """CMU 02_01 (walk), 131_01 (3dsMax walk) and 01_01 (hops), a window of each onto the G1, next to per-frame
-    mink IK on the same targets through the same metrics: our key-body error is within 20 % of mink's (measured:
-    +1 %, +14 %, -4 %; ours also holds the feet, which the source does not always do), while mink's feet slide
+    mink IK on the same targets through the same metrics: our mean key-body error is no worse than mink's (2 %
+    for noise; measured -1.5 %, +7 %, -5 %: 131_01 is allowed 10 % and is not yet at mink; ours also holds the
+    feet, which the source does not always do), while mink's feet slide
     and sink into the floor and ours do not: floating <= 5 % of contact frames, slide <= 2 cm per contact phase
     beyond the source's own, penetration <= 1 cm, every joint inside its limits."""
     from kangengine.retarget import robot as RM
@@ -444,7 +448,7 @@ def test_three_clips_against_the_mink_baseline(clip, config):
     mk, _ = robot_retarget_metrics(
         layout, q, RM._central_velocity(layout, q, src.fps), src.fps, config, tg, ground, local, np.zeros(len(q))
     )
-    assert m["key_body_error_m"]["mean"] <= 1.2 * mk["key_body_error_m"]["mean"]
+    assert m["key_body_error_m"]["mean"] <= MINK_MEAN_RATIO[clip] * mk["key_body_error_m"]["mean"]
     assert m["floating_share"] <= 0.05
     assert m["slide_beyond_source_cm_max"] <= 2.0
     assert m["penetration_m"] <= 0.01 < mk["penetration_m"]
@@ -474,14 +478,15 @@ def _mujoco_self_contact_frames(layout, q):
 
 @pytest.mark.parametrize("clip", ["02_01", "01_01"])
 def test_no_self_collision_the_source_does_not_have(clip):
-    """02_01 (walk) and 01_01 (hops), whole clips onto the mesh G1 (capsule proxies fitted to its meshes):
+    """02_01 (walk) and 01_01 (hops), whole clips onto the mesh G1 (capsule proxies fitted to its meshes,
+    its configuration ``cmu_bvh_to_g1_mesh`` with two fine iterations and a smoothing iteration):
     MuJoCo finds no contact between robot geoms in any frame where the source does not intersect itself. With
     the self-collision penalty off the same clips have the hands in the hips and the upper arms in the torso
     (MuJoCo contacts in 112 and 895 frames measured), so the check can fail. (131_01 leaves 8 frames of
     pelvis against hip roll link, a pair our proxies leave out as near relatives.)"""
     path = {"02_01": "bvh/cmu/02_01_cgspeed_walk.bvh", "01_01": "bvh/cmu/01_01_cgspeed_hops_long.bvh"}[clip]
     motion = ke.io.load_bvh(data_file(path))
-    cfg = ke.retarget.load_robot_config("cmu_bvh_to_g1", model=data_file(G1_MESH))
+    cfg = ke.retarget.load_robot_config("cmu_bvh_to_g1_mesh", model=data_file(G1_MESH))
     r = ke.retarget.retarget_to_robot(motion, cfg, model=data_file(G1_MESH))
     m = r.metrics
     assert m["self_collision_proxies"]["mesh"] >= 20 and m["self_collision_pairs_checked"] > 100
