@@ -750,7 +750,7 @@ class ArticulationMotionMapper:
             clamp=clamp_to_limits,
             qd_out=qd_out,
         )
-        qd = self._velocities(q_path, fps, None if qd_out is None else qd_out["qd"])
+        qd = self._velocities(q_path, fps, None if qd_out is None else qd_out["qd"], unit=True)
         meta = dict(skeleton_motion.metadata)
         meta["mapper"] = self._mapping_summary(q, residual, clamped, rewrapped, clamp_to_limits)
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
@@ -896,11 +896,12 @@ class ArticulationMotionMapper:
         one-sided ``layout.difference`` at the first and last frame, zeros for a single frame. Rotations
         between ``t-1`` and ``t+1`` must stay below pi (the shortest rotation is taken).
         """
-        return self._velocities(q, fps, None)
+        return self._velocities(q, fps, None, unit=False)
 
-    def _velocities(self, q, fps: float, pre) -> np.ndarray:
+    def _velocities(self, q, fps: float, pre, *, unit: bool) -> np.ndarray:
         """:meth:`velocities`; ``pre`` (or None): ``qd [frames, nv]`` whose hinge columns' inner rows the native
-        second pass already holds (:meth:`_place_hinges`), the rest is filled here."""
+        second pass already holds (:meth:`_place_hinges`), the rest is filled here. ``unit``: the quaternions
+        of ``q`` are unit already (the solver's output: normalised, sign-continuous), not normalised again."""
         lay = self.layout
         q = np.asarray(q)
         n = q.shape[0]
@@ -927,10 +928,10 @@ class ArticulationMotionMapper:
         for s in range(1, n - 1, _ROT_CHUNK):
             e = min(s + _ROT_CHUNK, n - 1)
             for a, v0 in rots:
-                rel = R.quat_multiply(
-                    R.quat_normalize(q[s + 1 : e + 1, a : a + 4]),
-                    R.quat_conjugate(R.quat_normalize(q[s - 1 : e - 1, a : a + 4])),
-                )
+                q1, q0 = q[s + 1 : e + 1, a : a + 4], q[s - 1 : e - 1, a : a + 4]
+                if not unit:
+                    q1, q0 = R.quat_normalize(q1), R.quat_normalize(q0)
+                rel = R.quat_multiply(q1, R.quat_conjugate(q0))
                 qd[s:e, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
         qd[0] = lay.difference(q[1], q[0], dt)
         qd[-1] = lay.difference(q[-1], q[-2], dt)
