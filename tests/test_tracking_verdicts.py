@@ -4,7 +4,8 @@ plan checked against the simulator and inverse dynamics.
 Clips: CMU 02_01 (walk) retargeted onto the CMU humanoid with ``cmu_bvh_to_cmu_humanoid`` (feet levelled),
 validated with the documented walk settings (docs/tracking.md, "Tracking a real walk": 1 Hz root
 assistance, reported). The variants: the walk played 3x fast (``impossible_dynamics``), and the same walk
-on the CMU humanoid with a tenth of its effort limits (``effort_over_limit``)."""
+on the CMU humanoid with a tenth of its effort limits (``effort_over_limit``). The experimental IMPLICIT
+controller's step sensitivity is checked against finite differences of the simulator's step."""
 
 from __future__ import annotations
 
@@ -183,3 +184,50 @@ def test_wbc_plan_in_contact_obeys_newton_euler_friction_and_stance(wbc64):
     want = -torch.einsum("wbiv,wv->wbi", jac, state.qd) / st.wbc_stance_settle_s
     got = torch.einsum("wbiv,wv->wbi", jac, cmd.qdd)
     np.testing.assert_allclose(got[on].numpy(), want[on].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _implicit_probe(cmu, walk, frame, lift=0.0):
+    """The experimental IMPLICIT controller's pieces at one reference frame of the walk (optionally lifted
+    ``lift`` m off the ground): its simulator, probe control and state."""
+    desc, layout = cmu
+    model = _model(desc, layout, dtype=torch.float64)
+    settings = TrackingSettings(controller="implicit")
+    ref = T.prepare_reference(model, [walk[: int(2.0 * walk.fps())]], settings)  # 120 grid steps
+    kp, kd = T.implicit_gains(model, settings)
+    sim = ke.sim.Simulator(
+        dataclasses.replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf)), dt=settings.dt
+    )
+    imp = T._Implicit(model, settings, sim)
+    q = ref.q[frame : frame + 1].clone()
+    q[:, 2] += lift
+    state = ke.sim.State.from_q(model, q, ref.qd[frame : frame + 1])
+    ctrl = Control(
+        q_target=ref.q[frame + 1 : frame + 2],
+        qd_target=ref.qd[frame + 1 : frame + 2],
+        tau_feedforward=ref.feedforward[frame : frame + 1],
+        drive_stiffness=kp[None],
+        drive_damping=kd[None],
+    )
+    return model, sim, imp, state, ctrl
+
+
+@pytest.mark.parametrize("lift", [1.0, -0.01])
+def test_implicit_sensitivity_matches_finite_differences_of_the_step(cmu, walk, lift):
+    """``d qd' / d tau = h H^-1 S^T`` with the Hessian the controller builds, against central differences of
+    the simulator's step: exact in flight (mass matrix and implicit drives), within 30 % in stance (the
+    contact's friction curvature is taken at sticking)."""
+    model, sim, imp, state, ctrl = _implicit_probe(cmu, walk, 60, lift)
+    probe = sim.step(state, ctrl)
+    x = imp.sensitivity(imp.hessian(state.q, probe.contact_normal_force, probe.contact_position))[0]
+    assert (float(probe.contact_normal_force.sum()) > 0) == (lift < 0)
+    names = model.layout.dof_names
+    for dof in ("lfemurrx", "rfemurrx", "lowerbackrz", "lhumerusrx"):
+        j = names.index(dof)
+        cols = []
+        for d in (1.0, -1.0):
+            tau = ctrl.tau_feedforward.clone()
+            tau[:, j] += d
+            cols.append(sim.step(state, dataclasses.replace(ctrl, tau_feedforward=tau)).state.qd[0])
+        fd = (cols[0] - cols[1]) / 2.0
+        err = float(torch.linalg.vector_norm(fd - x[:, j - 6]) / torch.linalg.vector_norm(fd))
+        assert err < (2e-4 if lift > 0 else 0.3), (dof, err)
