@@ -994,3 +994,40 @@ def test_native_path_refuses_zero_quaternions_of_kernel_and_other_bodies():
         local[4200, body] = 0.0
         with pytest.raises(FormatError, match=f"frame 4200, body '{layout.body_names[body]}'"):
             mapper.to_articulation_motion(SkeletonMotion(mapper.skeleton_tree, st.root_translation, local, 30.0))
+
+
+@needs_native
+def test_native_kernels_are_kept_on_disk_and_the_cached_code_gives_the_same_angles(tmp_path, monkeypatch):
+    from kangengine.animation import native_mapper
+    from kangengine.animation.kinematics import native as _native
+
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(tmp_path))
+    args = (np.float64, 3, [0, 1, 2], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], "zyx", (1.0, -1.0, 1.0), np.pi / 2, 1e-3)
+    text = native_mapper.euler_block_ir(*args)
+    key = _native.host_key("mapper-euler test", text)
+    built = _native.compile_ir(lambda: text, key, "kernel")
+    loaded = _native.compile_ir(lambda: pytest.fail("rebuilt instead of loaded"), key, "kernel")
+    assert not built[2] and loaded[2] and list(tmp_path.rglob("*.o"))
+    rng = np.random.default_rng(5)
+    L = np.ascontiguousarray(R.quat_normalize(rng.normal(size=(500, 3, 4))))
+    outs = []
+    for engine, address, _ in (built, loaded):
+        kern = native_mapper.EulerBlockKernel(engine, address, np.float64, 3, 3)
+        q = np.zeros((500, 9))
+        kern(L, q, np.zeros((500, 3)), np.zeros((500, 3), dtype=bool), np.zeros((3, 3)), False)
+        outs.append(q)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    # axes z, -y, x: intrinsic "zyx" Euler angles with the middle one negated (scipy, same input)
+    want = Rotation.from_quat(L[..., [1, 2, 3, 0]].reshape(-1, 4)).as_euler("ZYX").reshape(500, 3, 3) * [1, -1, 1]
+    lock = np.abs(np.abs(want[..., 1]) - np.pi / 2) < 1e-3
+    assert np.abs(R.wrap_angle(outs[0].reshape(500, 3, 3) - want))[~lock].max() < 1e-10
+
+
+def test_kernel_refuses_arrays_of_the_wrong_layout():
+    from kangengine.animation import native_mapper
+
+    kern = native_mapper.EulerBlockKernel.__new__(native_mapper.EulerBlockKernel)
+    kern.dtype, kern.num_bodies, kern.k = np.dtype(np.float64), 3, 3
+    L = np.zeros((10, 3, 4), dtype=np.float32)  # wrong dtype: never handed to the machine code
+    with pytest.raises(ShapeError, match="EulerBlockKernel|expected C-contiguous"):
+        kern(L, np.zeros((10, 9)), np.zeros((10, 3)), np.zeros((10, 3), dtype=bool), np.zeros((3, 3)), False)

@@ -572,6 +572,11 @@ class ArticulationMotionMapper:
     otherwise). Rest translations that differ from the layout's only warn
     (:class:`SkeletonOffsetWarning`): the mapping uses rotations (and the root translation), never the
     skeleton's offsets.
+
+    Attributes:
+        use_native: ``True`` (default): motions use the native machine-code passes of
+            :mod:`~kangengine.animation.native_mapper` where they apply (x/y/z hinge triplets, llvmlite
+            installed); ``False``: the numpy reference path everywhere (same values to ``1e-9`` rad in float64).
     """
 
     def __init__(self, layout: ArticulationCoordinateLayout):
