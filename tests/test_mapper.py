@@ -908,7 +908,7 @@ def test_native_euler_kernel_matches_scipy_and_the_numpy_block(dtype):
     assert kern is not None
     k = len(g.bodies)
     q = np.zeros((n, layout.nq), dtype=dtype)
-    dcost, cross, carry = np.zeros((n, k), dtype=dtype), np.zeros((n, k), dtype=bool), np.zeros((3, k))
+    dcost, cross, carry = np.zeros((n, k), dtype=dtype), np.zeros((n, k), dtype=bool), np.zeros((6, k))
     bad = kern(L, q, dcost, cross, carry, False)
     sp = Rotation.from_quat(L[:, g.bodies][..., [1, 2, 3, 0]].reshape(-1, 4).astype(np.float64))
     euler = sp.as_euler("XYZ").reshape(n, k, 3)
@@ -929,6 +929,13 @@ def test_native_euler_kernel_matches_scipy_and_the_numpy_block(dtype):
     flips = cross != cross_np
     assert not flips[ok].any()
     assert carry[0] == pytest.approx(got[-1, :, 0], abs=1e-6)
+    # the running track parity and the branch-decision sums (the numpy path's accumulate and sums)
+    parity = np.logical_xor.accumulate(cross, axis=0)
+    assert np.array_equal(carry[3] == 1.0, parity[-1])
+    np.testing.assert_allclose(carry[4], dcost.sum(axis=0, dtype=np.float64), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        carry[5], np.where(parity, dcost, 0).sum(axis=0, dtype=np.float64), rtol=1e-12, atol=1e-12
+    )
 
 
 @needs_native
@@ -1014,7 +1021,7 @@ def test_native_kernels_are_kept_on_disk_and_the_cached_code_gives_the_same_angl
     for engine, address, _ in (built, loaded):
         kern = native_mapper.EulerBlockKernel(engine, address, np.float64, 3, 3)
         q = np.zeros((500, 9))
-        kern(L, q, np.zeros((500, 3)), np.zeros((500, 3), dtype=bool), np.zeros((3, 3)), False)
+        kern(L, q, np.zeros((500, 3)), np.zeros((500, 3), dtype=bool), np.zeros((6, 3)), False)
         outs.append(q)
     np.testing.assert_array_equal(outs[0], outs[1])
     # axes z, -y, x: intrinsic "zyx" Euler angles with the middle one negated (scipy, same input)
@@ -1030,4 +1037,4 @@ def test_kernel_refuses_arrays_of_the_wrong_layout():
     kern.dtype, kern.num_bodies, kern.k = np.dtype(np.float64), 3, 3
     L = np.zeros((10, 3, 4), dtype=np.float32)  # wrong dtype: never handed to the machine code
     with pytest.raises(ShapeError, match="EulerBlockKernel|expected C-contiguous"):
-        kern(L, np.zeros((10, 9)), np.zeros((10, 3)), np.zeros((10, 3), dtype=bool), np.zeros((3, 3)), False)
+        kern(L, np.zeros((10, 9)), np.zeros((10, 3)), np.zeros((10, 3), dtype=bool), np.zeros((6, 3)), False)

@@ -1066,7 +1066,7 @@ class ArticulationMotionMapper:
         if native:
             L = np.ascontiguousarray(L)
             others = np.setdiff1d(np.arange(L.shape[1]), np.concatenate([g.bodies for g in fast if id(g) in native]))
-            bufs = {i: np.zeros((3, len(g.bodies))) for g in fast if (i := id(g)) in native}
+            bufs = {i: np.zeros((6, len(g.bodies))) for g in fast if (i := id(g)) in native}
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
             Lt = None
@@ -1106,11 +1106,20 @@ class ArticulationMotionMapper:
                             res2[br, s:e] = r.reshape(e - s, k)
                 elif g.complete:
                     self._fast_block(g, Lg, q, s, e, cross[id(g)], dcost[id(g)], carry, time_axis)
+                    if id(g) in native:  # the native blocks' running track sums, for this numpy block
+                        _track_block(bufs[id(g)], cross[id(g)][s:e], dcost[id(g)][s:e])
                 else:
                     th, res = both[id(g)]
                     _solve_davenport(self._davenport[g.axes], comps, th[:, s:e], res[:, s:e])
         # branch decisions
         use_b1 = {}
+        contiguous = bool(np.array_equal(hq, np.arange(hq[0], hq[0] + len(hq))))
+        place = self._native_place(dt, fast, contiguous) if native and len(native) == len(fast) and N else None
+        if place is not None:  # the second pass follows the tracks itself: only which one is cheaper
+            g = fast[0]
+            flip = bufs[id(g)][4] - 2.0 * bufs[id(g)][5] < 0  # sum of dc - 2 * (sum where parity) < 0
+            use_b1[id(g)] = (cross[id(g)], np.ascontiguousarray(flip))
+            fast = []
         for g in fast:
             dc = dcost[id(g)]
             if time_axis and N > 1:
@@ -1124,7 +1133,7 @@ class ArticulationMotionMapper:
             t, r = self._pick_branch(g, th, res, time_axis)
             q[:, hq[g.hinge_cols].reshape(-1)] = t.reshape(N, -1)
             residual[:, g.bodies] = r
-        self._place_hinges(q, fast, use_b1, time_axis, qd_out)
+        self._place_hinges(q, [g for g in self._groups if id(g) in use_b1], use_b1, time_axis, qd_out)
 
     def _native_kernels(self, dtype) -> dict:
         """``{id(group): kernel}`` of the complete 3-hinge groups the native Euler kernel handles here
@@ -1186,9 +1195,11 @@ class ArticulationMotionMapper:
         if prev is not None:
             for r in range(3):
                 buf[r] = prev[r]
+        track = buf[3:].copy()  # the running parity and sums, kept if numpy redoes the block
         if kern(L[s:e], q[s:e], dcost[id(g)][s:e], cross[id(g)][s:e], buf, prev is not None):
+            buf[3:] = track
             return False
-        carry[id(g)] = tuple(buf.astype(q.dtype))
+        carry[id(g)] = tuple(buf[:3].astype(q.dtype))
         return True
 
     def _fast_block(self, g, Lg, q, s, e, cross, dcost, carry, time_axis):
@@ -1320,7 +1331,7 @@ class ArticulationMotionMapper:
         qmax = np.full(nh, -np.inf)
         kern = self._native_place(q.dtype, fast, contiguous) if time_axis and N else None
         if kern is not None:  # one machine-code pass over all frames (native_mapper.place_ir)
-            state = np.zeros((5, nh))
+            state = np.zeros((6, nh))
             qd = None
             hv, runs = self._hinge_v, self._tangent_runs[0]
             hinge_run = (int(hq[0]), int(hv[0]), nh) in [tuple(map(int, r)) for r in runs]
@@ -1329,7 +1340,8 @@ class ArticulationMotionMapper:
                 qd = np.empty((N, lay.nv), dtype=dt) if self._tangent_covers else np.zeros((N, lay.nv), dtype=dt)
                 qd_out["qd"] = qd
             fps = qd_out["fps"] if qd is not None else 1.0
-            kern(q, np.ascontiguousarray(use_b1[id(fast[0])]), state, False, qd, int(self._hinge_v[0]), fps)
+            cross, flip = use_b1[id(fast[0])]
+            kern(q, cross, flip, state, False, qd, int(self._hinge_v[0]), fps)
             first, qmin, qmax = state[4], state[2], state[3]
         for s in range(0, N if kern is None else 0, _CHUNK):
             e = min(s + _CHUNK, N)
@@ -1433,6 +1445,15 @@ class ArticulationMotionMapper:
                 J = self._joint_rotation(L[rows].astype(np.float64), np.array([b]))[:, 0]
                 J /= np.linalg.norm(J, axis=-1, keepdims=True)
                 residual[rows, b] = _chain_residual(J, axes, th)
+
+
+def _track_block(buf, cross, dc):
+    """The running track parity and sums of the native pass (``buf[3:6]``: parity 0/1, sum of ``dc``, sum of
+    ``dc`` where the parity is 1) carried over a block done by numpy (``cross``/``dc [m, k]``)."""
+    parity = np.logical_xor.accumulate(cross, axis=0) ^ (buf[3] == 1.0)
+    buf[4] += dc.sum(axis=0, dtype=np.float64)
+    buf[5] += np.where(parity, dc, 0).sum(axis=0, dtype=np.float64)
+    buf[3] = parity[-1] if len(parity) else buf[3]
 
 
 def _interleave(P, c, s):

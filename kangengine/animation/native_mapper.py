@@ -228,8 +228,10 @@ def euler_block_ir(dtype, num_bodies: int, bodies, qcols, order: str, signs, phi
     order of the axes, ``signs [3]`` their signs, ``phi`` the Davenport phase, ``weight`` the angle weight of
     the branch cost. The function is ``i64 kernel(T* L, T* q, i64 qstride, T* dcost, i8* cross, double* carry,
     i64 has_prev, i64 n)``: ``L [n, num_bodies, 4]`` contiguous, ``q`` rows ``qstride`` elements apart,
-    ``dcost``/``cross`` ``[n, k]`` contiguous, ``carry [3, k]`` float64 (``t1``, ``alpha``, ``t3`` of the
-    frame before, read when ``has_prev`` and rewritten with the block's last frame). Returns the number of
+    ``dcost``/``cross`` ``[n, k]`` contiguous, ``carry [6, k]`` float64 (``t1``, ``alpha``, ``t3`` of the
+    frame before, read when ``has_prev`` and rewritten with the block's last frame; then the running track
+    parity (0/1: the xor of the crossings so far), the sum of ``dcost`` and the sum of ``dcost`` where the
+    parity is 1, read and updated). Returns the number of
     (frame, body) pairs near gimbal lock or with a zero quaternion (the block must then be recomputed)."""
     from llvmlite import ir
 
@@ -248,13 +250,13 @@ def euler_block_ir(dtype, num_bodies: int, bodies, qcols, order: str, signs, phi
     B = _Builder(ir, mod, b, T)
     V = B.V
     # carry in: t1, alpha, t3 of the frame before (unused when has_prev == 0)
-    init = [[B.gather(pcarry, [r * k + j for j in ch], D) for r in range(3)] for ch in chunks]
+    init = [[B.gather(pcarry, [r * k + j for j in ch], D) for r in range(6)] for ch in chunks]
     first = b.icmp_signed("==", has_prev, B.i64(0))
     b.cbranch(b.icmp_signed(">", n, B.i64(0)), loop, done)
 
     b.position_at_end(loop)
     f, bad = b.phi(I64, "f"), b.phi(I64, "bad")
-    prev = [[b.phi(V) for _ in range(3)] for _ in chunks]
+    prev = [[b.phi(V) for _ in range(6)] for _ in chunks]
     f.add_incoming(B.i64(0), entry)
     bad.add_incoming(B.i64(0), entry)
     for pc, ic in zip(prev, init):
@@ -277,11 +279,16 @@ def euler_block_ir(dtype, num_bodies: int, bodies, qcols, order: str, signs, phi
         for lane in range(m):
             new_bad = b.add(new_bad, b.zext(b.extract_element(lock, B.i64(lane)), I64))
         B.store_angles(qrow, [qcols[j] for j in ch], (t1, t2, t3))
-        B.store_lanes(drow, ch[0], B.narrow(B.cost_difference(t1, t2, t3, phi, float(weight))), m, T)
+        dc_t = B.narrow(B.cost_difference(t1, t2, t3, phi, float(weight)))
+        B.store_lanes(drow, ch[0], dc_t, m, T)
         cr, alpha = B.pairing(t1, t2, t3, pc, phi)
         cr = b.select(no_prev, ir.Constant(cr.type, [0] * _W), cr)
         B.store_lanes(xrow, ch[0], b.zext(cr, ir.VectorType(I8, _W)), m, I8)
-        nexts.append((t1, alpha, t3))
+        par = b.select(cr, b.fsub(B.splat(1.0), pc[3]), pc[3])  # the track parity after this frame
+        dcv = B.widen(dc_t)  # the stored values are summed, as numpy sums them
+        total = b.fadd(pc[4], dcv)
+        on = b.fadd(pc[5], b.select(b.fcmp_ordered("==", par, B.splat(1.0)), dcv, B.splat(0.0)))
+        nexts.append((t1, alpha, t3, par, total, on))
     f1 = b.add(f, B.i64(1))
     end = b.block
     f.add_incoming(f1, end)
@@ -295,13 +302,13 @@ def euler_block_ir(dtype, num_bodies: int, bodies, qcols, order: str, signs, phi
     res = b.phi(I64)
     res.add_incoming(B.i64(0), entry)
     res.add_incoming(new_bad, end)
-    finals = [[b.phi(V) for _ in range(3)] for _ in chunks]
+    finals = [[b.phi(V) for _ in range(6)] for _ in chunks]
     for row, ic, nx in zip(finals, init, nexts):
         for p, a, z in zip(row, ic, nx):
             p.add_incoming(a, entry)
             p.add_incoming(z, end)
     for ch, row in zip(chunks, finals):
-        for r in range(3):
+        for r in range(6):
             B.scatter(pcarry, [r * k + j for j in ch], row[r], D)
     b.ret(res)
     return str(mod)
@@ -319,19 +326,19 @@ class EulerBlockKernel:
 
     def __call__(self, L, q, dcost, cross, carry, has_prev: bool) -> int:
         """Frames of ``L [m, num_bodies, 4]`` (C-contiguous, the kernel's dtype) into ``q [m, nq]`` (rows
-        contiguous, same dtype), ``dcost [m, k]``, ``cross [m, k] bool`` (C-contiguous) and ``carry [3, k]
+        contiguous, same dtype), ``dcost [m, k]``, ``cross [m, k] bool`` (C-contiguous) and ``carry [6, k]
         float64`` (in/out). Returns the count of pairs near gimbal lock or zero (recompute the block)."""
         m = L.shape[0]
         ok = L.flags.c_contiguous and L.dtype == self.dtype and L.shape[1:] == (self.num_bodies, 4)
         ok = ok and q.dtype == self.dtype and q.strides[1] == q.itemsize and q.shape[0] == m
         ok = ok and dcost.flags.c_contiguous and cross.flags.c_contiguous and carry.flags.c_contiguous
         ok = ok and dcost.dtype == self.dtype and cross.dtype == np.bool_ and carry.dtype == np.float64
-        ok = ok and dcost.shape == (m, self.k) and cross.shape == (m, self.k) and carry.shape == (3, self.k)
+        ok = ok and dcost.shape == (m, self.k) and cross.shape == (m, self.k) and carry.shape == (6, self.k)
         if not ok:  # the kernel reads and writes raw memory: never with the wrong layout
             raise ShapeError(
                 f"got L {L.shape} {L.dtype}, q {q.shape} {q.dtype}, dcost {dcost.shape}, cross {cross.shape}, "
                 f"carry {carry.shape}; expected C-contiguous L [m, {self.num_bodies}, 4] {self.dtype}, q rows "
-                f"[m, nq] of that dtype, dcost/cross [m, {self.k}], carry [3, {self.k}] float64",
+                f"[m, nq] of that dtype, dcost/cross [m, {self.k}], carry [6, {self.k}] float64",
                 item="EulerBlockKernel",
             )
         addr = [x.__array_interface__["data"][0] for x in (L, q, dcost, cross, carry)]
@@ -352,7 +359,7 @@ def euler_block_kernel(dtype, num_bodies: int, bodies, qcols, order: str, signs,
             try:
                 text = euler_block_ir(dtype, num_bodies, bodies, qcols, order, signs, phi, weight)
                 engine, address, cached = _native.compile_ir(
-                    lambda: text, _native.host_key("mapper-euler 1", text), "kernel", optimize=True
+                    lambda: text, _native.host_key("mapper-euler 2", text), "kernel", optimize=True
                 )
                 kern = EulerBlockKernel(engine, address, dtype, num_bodies, len(bodies))
                 kern.from_cache = cached
@@ -365,15 +372,17 @@ def euler_block_kernel(dtype, num_bodies: int, bodies, qcols, order: str, signs,
 def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     """LLVM IR of the second pass (:meth:`ArticulationMotionMapper._place_hinges` over time, every hinge in
     native groups, hinge columns ``q0 .. q0 + nh`` of q contiguous): per frame and hinge the chosen branch
-    (``sel [n, k]``, per body: outer angles ``t - pi sign(t)``, middle ``wrap(2 phi - t)``), unwrapped against the
-    frame before (``rint(step / 2 pi)`` turns), plus ``ref``, written back, with the running min/max.
+    (per body: branch 1 where the track parity, the xor of the crossings ``cross [n, k]`` so far, differs from
+    ``flip [k]``; branch 1 is outer angles ``t - pi sign(t)``, middle ``wrap(2 phi - t)``), unwrapped against
+    the frame before (``rint(step / 2 pi)`` turns), plus ``ref``, written back, with the running min/max.
 
     ``hinge_body [nh]`` the body (0..k-1) of each hinge, ``hinge_kind [nh]`` 1 for a middle angle else 0,
-    ``phis``/``refs [nh]`` constants. The function is ``void place(T* q, i64 qstride, i8* sel, double* state,
-    i64 has_prev, i64 n, T* qd, i64 qdstride, i64 v0, double two_dt)`` with ``state [5, nh]`` float64
-    in/out: previous branch angle, turns, min, max, and the first frame's value (written when
-    ``has_prev == 0``). When ``qd`` is not null, the central differences ``(q[t+1] - q[t-1]) / two_dt`` of the
-    placed angles go to ``qd[t, v0 + h]`` for ``t`` in ``[1, n - 2]`` (rows 0 and ``n - 1`` are scribbled: the
+    ``phis``/``refs [nh]`` constants. The function is ``void place(T* q, i64 qstride, i8* cross, i8* flip,
+    double* state, i64 has_prev, i64 n, T* qd, i64 qdstride, i64 v0, double two_dt)`` with ``state [6, nh]``
+    float64 in/out: previous branch angle, turns, min, max, the first frame's value (written when
+    ``has_prev == 0``) and the track parity (0/1). When ``qd`` is not null, the central differences
+    ``(q[t+1] - q[t-1]) / two_dt`` of the placed angles go to ``qd[t, v0 + h]`` for ``t`` in ``[1, n - 2]``
+    (rows 0 and ``n - 1`` are scribbled: the
     caller writes them; one call must cover every frame)."""
     from llvmlite import ir
 
@@ -382,17 +391,29 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     nh = len(hinge_body)
     chunks = [list(range(c, min(c + _W, nh))) for c in range(0, nh, _W)]
     mod = ir.Module(name="mapper_place")
-    args = [T.as_pointer(), I64, I8.as_pointer(), D.as_pointer(), I64, I64, T.as_pointer(), I64, I64, D]
+    args = [T.as_pointer(), I64, I8.as_pointer(), I8.as_pointer(), D.as_pointer(), I64, I64, T.as_pointer()]
+    args += [I64, I64, D]
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), args), "place")
-    pq, qstride, psel, pst, has_prev, n, pqd, qdstride, v0, two_dt = fn.args
-    for a in (pq, psel, pst, pqd):
+    pq, qstride, psel, pflip, pst, has_prev, n, pqd, qdstride, v0, two_dt = fn.args
+    for a in (pq, psel, pflip, pst, pqd):
         a.add_attribute("noalias")
     entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
     b = ir.IRBuilder(entry)
     B = _Builder(ir, mod, b, T)
     V, sp = B.V, B.splat
     copysign = ir.Function(mod, ir.FunctionType(V, [V, V]), name=f"llvm.copysign.v{_W}f64")
-    init = [[B.gather(pst, [r * nh + j for j in ch], D) for r in range(5)] for ch in chunks]
+    init = [[B.gather(pst, [r * nh + j for j in ch], D) for r in range(6)] for ch in chunks]
+    I8V = ir.VectorType(I8, _W)
+
+    def body_bytes(row, ch):  # <W x i1>: the byte of each lane's body in ``row``, nonzero
+        v = ir.Constant(I8V, ir.Undefined)
+        for lane in range(_W):
+            v = b.insert_element(
+                v, b.load(b.gep(row, [B.i64(int(hinge_body[ch[min(lane, len(ch) - 1)]]))])), B.i64(lane)
+            )
+        return b.icmp_unsigned("!=", v, ir.Constant(I8V, [0] * _W))
+
+    flips = [body_bytes(pflip, ch) for ch in chunks]
     first = b.icmp_signed("==", has_prev, B.i64(0))
     want_qd = b.icmp_unsigned("!=", b.ptrtoint(pqd, I64), B.i64(0))
     tdt = b.insert_element(ir.Constant(V, ir.Undefined), two_dt, B.i64(0))
@@ -402,7 +423,7 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     b.position_at_end(loop)
     f = b.phi(I64, "f")
     f.add_incoming(B.i64(0), entry)
-    carried = [[b.phi(V) for _ in range(5)] for _ in chunks]
+    carried = [[b.phi(V) for _ in range(6)] for _ in chunks]
     back = [[b.phi(V) for _ in range(2)] for _ in chunks]  # placed values of frames f-1, f-2
     for row in back:
         for p in row:
@@ -416,15 +437,12 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     fm1 = b.select(b.icmp_signed(">", f, B.i64(0)), b.sub(f, B.i64(1)), B.i64(0))
     drow = b.gep(pqd, [b.add(b.mul(fm1, qdstride), v0)])
     nexts, backs = [], []
-    for ch, (prev, turns, mn, mx, first_v), (p1, p2) in zip(chunks, carried, back):
+    for ch, (prev, turns, mn, mx, first_v, par), (p1, p2), flip in zip(chunks, carried, back, flips):
         m = len(ch)
         raw = B.vload(qrow, q0 + ch[0], m, T)
         t = B.widen(raw if m == _W else b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(_W)])))
-        s = ir.Constant(ir.VectorType(I8, _W), ir.Undefined)
-        for lane in range(_W):
-            x = b.load(b.gep(srow, [B.i64(int(hinge_body[ch[min(lane, m - 1)]]))]))
-            s = b.insert_element(s, x, B.i64(lane))
-        s = b.icmp_unsigned("!=", s, ir.Constant(ir.VectorType(I8, _W), [0] * _W))
+        par = b.select(body_bytes(srow, ch), b.fsub(sp(1.0), par), par)  # xor of the crossings so far
+        s = b.xor(b.fcmp_ordered("==", par, sp(1.0)), flip)
         lanes = [ch[min(x, m - 1)] for x in range(_W)]
         kind = ir.Constant(ir.VectorType(ir.IntType(1), _W), [int(hinge_kind[j]) for j in lanes])
         outer = b.fsub(t, B.call(copysign, sp(math.pi), t))
@@ -445,7 +463,7 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
             B.store_lanes(drow, ch[0], B.narrow(b.fdiv(b.fsub(qv, p2), tdt)), m, T)
         mn = b.select(fresh, qv, B.call(B.vmin, mn, qv))
         mx = b.select(fresh, qv, B.call(B.vmax, mx, qv))
-        nexts.append((t, turns, mn, mx, b.select(fresh, qv, first_v)))
+        nexts.append((t, turns, mn, mx, b.select(fresh, qv, first_v), par))
     f1 = b.add(f, B.i64(1))
     end = b.block
     f.add_incoming(f1, end)
@@ -458,42 +476,44 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     b.cbranch(b.icmp_signed("<", f1, n), loop, done)
 
     b.position_at_end(done)
-    finals = [[b.phi(V) for _ in range(5)] for _ in chunks]
+    finals = [[b.phi(V) for _ in range(6)] for _ in chunks]
     for row, ic, nx in zip(finals, init, nexts):
         for p, a, z in zip(row, ic, nx):
             p.add_incoming(a, entry)
             p.add_incoming(z, end)
     for ch, row in zip(chunks, finals):
-        for r in range(5):
+        for r in range(6):
             B.scatter(pst, [r * nh + j for j in ch], row[r], D)
     b.ret_void()
     return str(mod)
 
 
 class PlaceKernel:
-    """A compiled :func:`place_ir` kernel: ``kernel(q, sel, state, has_prev)``."""
+    """A compiled :func:`place_ir` kernel: ``kernel(q, cross, flip, state, has_prev)``."""
 
     def __init__(self, engine, address: int, dtype, k: int, q0: int, nh: int):
         self._engine = engine
         self.dtype, self.k, self.q0, self.nh = np.dtype(dtype), k, q0, nh
         self.from_cache = False
         vp, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn = ctypes.CFUNCTYPE(None, vp, i64, vp, vp, i64, i64, vp, i64, i64, ctypes.c_double)(address)
+        self._fn = ctypes.CFUNCTYPE(None, vp, i64, vp, vp, vp, i64, i64, vp, i64, i64, ctypes.c_double)(address)
 
-    def __call__(self, q, sel, state, has_prev: bool, qd=None, v0: int = 0, fps: float = 1.0) -> None:
+    def __call__(self, q, cross, flip, state, has_prev: bool, qd=None, v0: int = 0, fps: float = 1.0) -> None:
         """Frames of ``q [m, nq]`` (rows contiguous, the kernel's dtype; hinge columns rewritten in place),
-        ``sel [m, k] bool`` C-contiguous (take branch 1), ``state [5, nh] float64`` (in/out); with ``qd
+        ``cross [m, k] bool`` C-contiguous (the crossings), ``flip [k] bool`` (track 0 is the worse one),
+        ``state [6, nh] float64`` (in/out); with ``qd
         [m, nv]`` (rows contiguous, same dtype, ``has_prev`` False: all frames in one call) the hinges' central
         differences at ``fps`` into columns ``v0 .. v0 + nh`` of rows ``1 .. m - 2``."""
         m = q.shape[0]
         ok = q.dtype == self.dtype and q.strides[1] == q.itemsize and q.shape[1] >= self.q0 + self.nh
-        ok = ok and sel.flags.c_contiguous and sel.dtype == np.bool_ and sel.shape == (m, self.k)
-        ok = ok and state.flags.c_contiguous and state.dtype == np.float64 and state.shape == (5, self.nh)
+        ok = ok and cross.flags.c_contiguous and cross.dtype == np.bool_ and cross.shape == (m, self.k)
+        ok = ok and flip.flags.c_contiguous and flip.dtype == np.bool_ and flip.shape == (self.k,)
+        ok = ok and state.flags.c_contiguous and state.dtype == np.float64 and state.shape == (6, self.nh)
         if not ok:
             raise ShapeError(
-                f"got q {q.shape} {q.dtype}, sel {sel.shape} {sel.dtype}, state {state.shape}; expected q rows of "
-                f"{self.dtype} with columns {self.q0}..{self.q0 + self.nh}, sel [m, {self.k}] bool, state "
-                f"[5, {self.nh}] float64",
+                f"got q {q.shape} {q.dtype}, cross {cross.shape} {cross.dtype}, flip {flip.shape}, state "
+                f"{state.shape}; expected q rows of {self.dtype} with columns {self.q0}..{self.q0 + self.nh}, "
+                f"cross [m, {self.k}] bool, flip [{self.k}] bool, state [6, {self.nh}] float64",
                 item="PlaceKernel",
             )
         if qd is not None:
@@ -504,7 +524,7 @@ class PlaceKernel:
                     f"with columns {v0}..{v0 + self.nh}",
                     item="PlaceKernel",
                 )
-        addr = [x.__array_interface__["data"][0] for x in (q, sel, state)]
+        addr = [x.__array_interface__["data"][0] for x in (q, cross, flip, state)]
         qd_addr, qd_stride = (0, 0) if qd is None else (qd.__array_interface__["data"][0], qd.strides[0] // qd.itemsize)
         two_dt = 2.0 * (1.0 / float(fps))  # as velocities: 2 dt
         self._fn(
@@ -512,6 +532,7 @@ class PlaceKernel:
             q.strides[0] // q.itemsize,
             addr[1],
             addr[2],
+            addr[3],
             int(bool(has_prev)),
             m,
             qd_addr,
@@ -533,7 +554,7 @@ def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
             try:
                 text = place_ir(dtype, k, q0, hinge_body, hinge_kind, phis, refs)
                 engine, address, cached = _native.compile_ir(
-                    lambda: text, _native.host_key("mapper-place 2", text), "place", optimize=True
+                    lambda: text, _native.host_key("mapper-place 3", text), "place", optimize=True
                 )
                 kern = PlaceKernel(engine, address, dtype, k, q0, len(hinge_body))
                 kern.from_cache = cached
