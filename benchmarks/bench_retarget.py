@@ -87,7 +87,10 @@ def _print_metrics(name, m, fps_rate, wall, cpu):
         f"slide/phase max {m['slide_per_phase_cm_max']:5.1f} cm, planted {m['planted_speed_cm_s']:5.1f} cm/s | "
         f"penetration {m['penetration_m'] * 100:4.1f} cm | limit hits {m['joint_limit_hits']} | "
         f"joint vel peak {m['joint_velocity_peak_rad_s']:5.1f} rad/s "
-        f"(source {m['source_joint_velocity_peak_rad_s']:.1f}) | self-collision frames "
+        f"(source {m['source_joint_velocity_peak_rad_s']:.1f}), acceleration peak "
+        f"{m['joint_acceleration_peak_rad_s2']:.0f} rad/s^2 "
+        f"(source {m['source_joint_acceleration_peak_rad_s2']:.0f}) | "
+        f"self-collision frames "
         f"{m.get('self_collision_frames', '-')} (source {m.get('source_self_intersection_frames', '-')})"
     )
 
