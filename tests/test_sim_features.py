@@ -810,3 +810,153 @@ def test_model_setters_rebuild_the_step_cache_and_check_input():
         model.with_joint_inertia(torch.zeros(3, dtype=F64))
     with pytest.raises(ke.errors.ShapeError, match="coulomb"):
         model.with_joint_friction(-1.0)
+
+
+# -- hard mimic joints (an equality constraint of the Newton solve) -------------------------------------
+
+
+def test_hard_mimic_holds_the_ratio_exactly_where_the_compliant_one_gives_way(tmp_path):
+    """``right = -left + 0.1``. Hard (the default without compliance parameters): driven and gravity-loaded
+    for 2 s, the residual stays at round-off (< 1e-9 rad; each step solves ``C (q + h v) + b = 0`` exactly,
+    so it does not accumulate). Under a static torque on the follower with the leader pinned, the hard pair
+    does not move while the compliant one (omega = 200 rad/s) deflects by ``tau / k`` with ``k = m omega^2``."""
+    path = _write(tmp_path, "gripper.xml", GRIPPER)
+    desc = ke.asset.MJCFLoader.load(path)
+    common = dict(free_root=False, dtype=F64, contact=NO_CONTACT, drive_stiffness={"left": 2.0})
+    hard = ke.sim.Model.from_desc(desc, gravity=(4.0, 0.0, -9.81), **common)
+    assert hard.mimic_names == ("mimic right",) and hard.coupling_names == () and hard.constraints is None
+    dt = 2e-3
+    sim = ke.sim.Simulator(hard, dt=dt)
+    state = ke.sim.State.from_q(hard, torch.tensor([[0.0, 0.1]], dtype=F64))
+    worst, travel = 0.0, 0.0
+    for i in range(1000):
+        target = torch.tensor([[0.6 * np.sin(4 * np.pi * i * dt), 0.0]], dtype=F64)
+        state = sim.step(state, ke.sim.Control(q_target=target)).state
+        worst = max(worst, abs(float(state.q[0, 0] + state.q[0, 1] - 0.1)))
+        travel = max(travel, abs(float(state.q[0, 0])))
+    assert travel > 0.3  # the pair really moved
+    assert worst < 1e-9, worst
+
+    tau, omega = 0.02, 200.0
+    control = ke.sim.Control(pinned=torch.tensor([[True, False]]), tau_external=torch.tensor([[0.0, tau]], dtype=F64))
+    for mode, kw in (("hard", {}), ("compliant", {"mimic_natural_frequency": omega})):
+        model = ke.sim.Model.from_desc(desc, gravity=(0.0, 0.0, 0.0), mimic=mode, **common, **kw)
+        sim = ke.sim.Simulator(model, dt=dt)
+        state = ke.sim.State.from_q(model, torch.tensor([[0.0, 0.1]], dtype=F64))
+        for _ in range(200):
+            state = sim.step(state, control).state
+        r = float(state.q[0, 0] + state.q[0, 1] - 0.1)
+        if mode == "hard":
+            assert abs(r) < 1e-12 and float(state.qd.abs().max()) < 1e-9, (r, state.qd)
+        else:
+            k = float(model.constraints.stiffness[0])
+            np.testing.assert_allclose(r, tau / k, rtol=1e-3)
+
+
+def test_hard_mimic_trajectory_agrees_with_mujoco_stiff_joint_equality(tmp_path):
+    """The hard pair against MuJoCo's joint equality with a stiff ``solref`` (5 ms, impedance 0.9999: its
+    own violation stays ~1e-5 rad here, far below the integrators' difference): first-order agreement, the
+    difference halving with ``h`` like the tendons' (see the module docstring)."""
+    path = _write(tmp_path, "gripper.xml", GRIPPER.replace('solref="0.02 1"', 'solref="0.005 1"'))
+    model = ke.sim.Model.from_desc(
+        ke.asset.MJCFLoader.load(path),
+        free_root=False,
+        dtype=F64,
+        contact=NO_CONTACT,
+        drive_stiffness={"left": 2.0},
+        drive_damping={"left": 0.05},
+        mimic="hard",
+    )
+    assert model.mimic_names == ("mimic right",)
+    mj = mujoco.MjModel.from_xml_path(path)
+    coarse = _gripper_difference(model, mj, 2e-3)
+    fine = _gripper_difference(model, mj, 1e-3)
+    assert coarse < 5e-2, coarse
+    assert 0.35 < fine / coarse < 0.65, (coarse, fine)
+
+
+MIMIC_TREE = """
+<mujoco model="mimic_tree">
+  <option integrator="implicit" gravity="0 0 -9.81"/>
+  <default><geom contype="0" conaffinity="0"/><joint type="hinge" axis="0 1 0" damping="0.02"/></default>
+  <worldbody>
+    <body name="base">
+      <geom type="box" size="0.05 0.05 0.02" mass="1"/>
+      <body name="a1" pos="0.05 0 0">
+        <joint name="j1"/>
+        <geom type="capsule" fromto="0 0 0 0.1 0 0" size="0.01" mass="0.2"/>
+        <body name="a2" pos="0.1 0 0">
+          <joint name="j2"/>
+          <geom type="capsule" fromto="0 0 0 0.1 0 0" size="0.01" mass="0.15"/>
+          <body name="a3" pos="0.1 0 0">
+            <joint name="j3"/>
+            <geom type="capsule" fromto="0 0 0 0.08 0 0" size="0.01" mass="0.1"/>
+          </body>
+        </body>
+      </body>
+      <body name="b1" pos="-0.05 0 0">
+        <joint name="j4"/>
+        <geom type="capsule" fromto="0 0 0 -0.1 0 0" size="0.01" mass="0.2"/>
+      </body>
+    </body>
+  </worldbody>
+  <equality>
+    <joint joint1="j3" joint2="j2" polycoef="0 -0.8 0 0 0" solref="0.005 1" solimp="0.9999 0.9999 0.001"/>
+    <joint joint1="j2" joint2="j1" polycoef="0.1 0.5 0 0 0" solref="0.005 1" solimp="0.9999 0.9999 0.001"/>
+    <joint joint1="j4" joint2="j1" polycoef="-0.05 -1.5 0 0 0" solref="0.005 1" solimp="0.9999 0.9999 0.001"/>
+  </equality>
+  <actuator><position joint="j1" kp="3" kv="0.1"/></actuator>
+</mujoco>
+"""
+
+
+def _tree_difference(model, mj, dt, duration=0.5):
+    mj.opt.timestep = dt
+    data = mujoco.MjData(mj)
+    q0 = np.array([0.0, 0.1, -0.08, -0.05])  # on the constraints
+    data.qpos[:] = q0
+    sim = ke.sim.Simulator(model, dt=dt)
+    state = ke.sim.State.from_q(model, torch.tensor(q0[None], dtype=F64))
+    worst, resid = 0.0, 0.0
+    for i in range(int(round(duration / dt))):
+        target = 0.5 * np.sin(3 * np.pi * i * dt)
+        data.ctrl[0] = target
+        mujoco.mj_step(mj, data)
+        state = sim.step(state, ke.sim.Control(q_target=torch.tensor([[target, 0.0, 0.0, 0.0]], dtype=F64))).state
+        q = state.q[0].numpy()
+        worst = max(worst, float(np.abs(q - data.qpos).max()))
+        resid = max(resid, abs(q[2] + 0.8 * q[1]), abs(q[1] - 0.1 - 0.5 * q[0]), abs(q[3] + 0.05 + 1.5 * q[0]))
+    return worst, resid
+
+
+def test_hard_mimic_chain_and_a_mimic_across_branches(tmp_path):
+    """``j3`` mimics ``j2``, which mimics ``j1``; ``j4``, on another branch, mimics ``j1``: one Schur solve
+    holds all three rows (residual < 1e-9 rad under gravity and the drive) and the trajectory agrees with
+    MuJoCo's stiff joint equalities to first order. The cross-branch row rules out the tree-sparse solver."""
+    path = _write(tmp_path, "mimic_tree.xml", MIMIC_TREE)
+    desc = ke.asset.MJCFLoader.load(path)
+    model = ke.sim.Model.from_desc(
+        desc, free_root=False, dtype=F64, contact=NO_CONTACT, drive_stiffness={"j1": 3.0}, drive_damping={"j1": 0.1}
+    )
+    assert model.mimic_names == ("mimic j3", "mimic j2", "mimic j4")
+    mj = mujoco.MjModel.from_xml_path(path)
+    coarse, resid_c = _tree_difference(model, mj, 2e-3)
+    fine, resid_f = _tree_difference(model, mj, 1e-3)
+    assert max(resid_c, resid_f) < 1e-9, (resid_c, resid_f)
+    assert coarse < 5e-2, coarse
+    assert 0.35 < fine / coarse < 0.65, (coarse, fine)
+    with pytest.raises(ValueError, match="hard mimic joints need solver='dense'"):
+        ke.sim.Simulator(model, dt=1e-3, solver="tree")
+
+
+def test_mimic_mode_per_joint_and_bad_modes(tmp_path):
+    desc = ke.asset.MJCFLoader.load(_write(tmp_path, "mimic_tree.xml", MIMIC_TREE))
+    build = lambda **kw: ke.sim.Model.from_desc(desc, free_root=False, contact=NO_CONTACT, **kw)
+    mixed = build(mimic={"j4": "compliant"})
+    assert mixed.mimic_names == ("mimic j3", "mimic j2") and mixed.coupling_names == ("mimic j4",)
+    assert build(mimic_stiffness=1e3).mimic_names == ()  # compliance parameters given: compliant by default
+    assert build(mimic="hard", mimic_natural_frequency=100.0).constraints is None
+    with pytest.raises(ke.errors.UnknownNameError, match="must be one of 'hard', 'compliant'"):
+        build(mimic="rigid")
+    with pytest.raises(ke.errors.UnknownNameError, match="mimics no other"):
+        build(mimic={"j1": "hard"})

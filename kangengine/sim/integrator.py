@@ -13,6 +13,10 @@ all iterations. The rows of cycle joints, tendon spring-dampers, spatial tendons
 the pose controller's Cartesian targets (:mod:`~kangengine.sim.constraints`, :mod:`~kangengine.sim.pose`)
 are linearised the same way and add ``J^T diag(w) J`` to the dense Hessian; a drive envelope
 (:mod:`~kangengine.sim.drives`) makes the effort clamp speed-dependent and adds a joint speed barrier.
+Hard mimic joints (``Model.mimic_matrix``) are equality rows ``C (q + h v) + b = 0``, linear in ``v``: each
+Newton iteration solves the KKT system by its Schur complement ``S = C H^-1 C^T`` (``dv += H^-1 C^T
+S^-1 (target - C (v + dv))``), and a last projection with the same factors puts a step the line search
+shortened back on the rows, so ``r`` stays at round-off whatever the loads (dense solver only).
 
 Newton: exact Hessians of the quadratic terms (``M``, springs, viscous damping, active penalties);
 Gauss-Newton / majorizing curvatures for the rest (friction ``phi'(|u|)/|u|``, clamped drives
@@ -297,6 +301,15 @@ class Simulator:
             if self.solver is LinearSolver.TREE:
                 raise ValueError(f"{m.name}: cycle joints and tendon rows need solver='dense' (or 'auto')")
             self._tree = None
+        # -- hard mimic joints: equality rows C q + b = 0 of the Newton solve (a KKT step, dense) --
+        self._hard = m.mimic_matrix is not None and m.mimic_matrix.shape[0] > 0
+        if self._hard:
+            if self.solver is LinearSolver.TREE:
+                raise ValueError(f"{m.name}: hard mimic joints need solver='dense' (or 'auto')")
+            self._tree = None
+            self._mimic = m.mimic_matrix.contiguous()  # [M, nv]
+            self._mimic_t = m.mimic_matrix.t().contiguous()  # [nv, M]
+            self._mimic_bias = col(m.mimic_bias)
         if self._tree is not None:
             self._assembly = self._assembly_plan(self._tree)
         # -- link-to-link contact pairs (quantities are [P, W]); dense rank-one rows, like the cycle rows --
@@ -406,6 +419,10 @@ class Simulator:
             mvq = generalized_forces_t(m, s, apply_inertia(inertia, tw_q)).addcmul_(self._armature, dvq)
         pending = None
         srow = None
+        mimic = None
+        if self._hard:  # end-of-step rows C (q + h v) + b = 0, i.e. C v = -(C q + b) / h, on the free DOFs
+            mimic_target = (self._mimic @ qs + self._mimic_bias).mul_(-1.0 / h)  # [M, W]
+            mimic_ct = self._mimic_t.expand(w, -1, -1) if pinned is None else self._mimic_t * free_w[:, :, None]
         if self._has_self:  # link-to-link pairs, linearised at q like the ground contact
             srow = self_contact_rows(m, fr, self._self_sign)
             srate = torch.einsum("pjw,jw->pw", srow.direction, v)  # separation speeds, linear in v
@@ -461,6 +478,9 @@ class Simulator:
             else:
                 chol, _ = torch.linalg.cholesky_ex(hess)
                 dv = cholesky_solve(grad.t().unsqueeze(-1), chol).squeeze(-1).t().neg().contiguous()
+                if self._hard:  # KKT step: dv += H^-1 C^T lambda with C (v + dv) = target (Schur complement)
+                    mimic = self._mimic_factor(chol, mimic_ct)
+                    dv, mimic_lam = self._mimic_correct(mimic, mimic_target, v, dv)
             if self._has_contact:
                 du = point_velocities(m, dof_path_sums(m, fr.motion_stack * dv[:, None, :]), offset)
             else:
@@ -480,6 +500,8 @@ class Simulator:
             # (pinned rows of M dv are not used: their gradient is zeroed and their dv is 0); the contact part
             # K dv = J^T (K du) stays in point space ("pending") until the next iteration maps its forces
             mdv = grad.add(hd * dv)
+            if mimic is not None:  # H dv = -grad + C^T lambda
+                mdv = mdv.sub_(torch.einsum("wnm,mw->nw", mimic_ct, mimic_lam))
             if coup is not None:
                 mdv = mdv.add_(self._coupling_t @ (coup[1] * coup[3]))
             if crow is not None:
@@ -519,6 +541,9 @@ class Simulator:
                 if self._has_contact:  # - alpha K du, mapped with the next iteration's contact forces
                     kdu = tuple(-a_row * k for k in kdu)
                     pending = kdu if pending is None else tuple(p + k for p, k in zip(pending, kdu))
+
+        if mimic is not None:  # a step the line search shortened still ends on the constraint (round-off)
+            v = v + self._mimic_correct(mimic, mimic_target, v, torch.zeros_like(v))[0]
 
         # -- report and advance ---------------------------------------------------------------------------
         x = torch.addcmul(drive.a, drive.b, v, value=-1.0)
@@ -585,6 +610,26 @@ class Simulator:
             drive_saturated=saturated.t().contiguous(),
             nonfinite=newly,
         )
+
+    def _mimic_factor(self, chol, ct):
+        """``(H^-1 C^T [W, nv, M], Cholesky factor of S = C H^-1 C^T [W, M, M])`` for the hard mimic rows
+        (``ct``: ``C^T`` with the pinned DOFs' rows zeroed). ``S`` gets a relative ``1e-12`` on its diagonal
+        so that a row whose DOFs are all pinned (a zero row) stays solvable and moves nothing."""
+        hinv_ct = cholesky_solve(ct, chol)  # [W, nv, M]
+        schur = ct.transpose(1, 2) @ hinv_ct  # [W, M, M]
+        diag = schur.diagonal(dim1=-2, dim2=-1)
+        eps = 1e-12 * diag.abs().amax(-1, keepdim=True) + 1e-300
+        schur = schur + torch.diag_embed(eps.expand_as(diag))
+        return hinv_ct, torch.linalg.cholesky_ex(schur)[0]
+
+    def _mimic_correct(self, mimic, target, v, dv):
+        """``dv`` corrected so that ``C (v + dv) = target`` (``[M, W]``) with the least change in the ``H``
+        metric: ``dv + H^-1 C^T lambda``, ``lambda = S^-1 (target - C (v + dv))``; returns it and
+        ``lambda [M, W]`` (times ``-1/h``, the rows' generalized impulse per unit row)."""
+        hinv_ct, schur_chol = mimic
+        gap = target - self._mimic @ (v + dv)  # [M, W]
+        lam = cholesky_solve(gap.t().unsqueeze(-1), schur_chol).squeeze(-1)  # [W, M]
+        return dv + torch.einsum("wnm,wm->nw", hinv_ct, lam), lam.t()
 
     def _self_terms(self, srow, rate):
         """Gradient ``[nv, W]``, Hessian ``[W, nv, nv]`` (exact: rank one per pair), curvature ``[P, W]`` and

@@ -25,7 +25,7 @@ import torch
 from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
-from ..errors import LayoutMismatch, ShapeError, UnknownNameError
+from ..errors import LayoutMismatch, ShapeError, TopologyError, UnknownNameError
 from .constraints import Constraints, build_constraints, with_compliant_mimics
 from .drives import DriveEnvelope
 
@@ -149,6 +149,10 @@ class Model:
         :class:`~kangengine.sim.drives.DriveEnvelope` (speed-dependent effort limits, joint speed limits)
         or ``None`` (then ``dof_effort_limit`` is a constant clamp); see
         :func:`~kangengine.sim.drives.with_drive_envelope`.
+    Hard mimic joints (``M`` rows, ``Model.from_desc(mimic="hard")``): mimic_matrix ``[M, nv]`` and
+        mimic_bias ``[M]`` give ``r = mimic_matrix @ q + mimic_bias = q_joint - multiplier q_leader -
+        offset``, held at 0 as an equality constraint of the Newton solve (``None`` when there are none);
+        mimic_names (``"mimic <joint>"``).
     Derived:
         has_ball_friction: some ball joint has dry friction; step_cache: :class:`StepCache`, the layouts
         of these tensors that the step's maths reads, rebuilt with every new model (also by
@@ -218,6 +222,9 @@ class Model:
     self_pair_names: tuple[tuple[str, str], ...] = ()
     constraints: Constraints | None = None
     drive_envelope: DriveEnvelope | None = None
+    mimic_matrix: torch.Tensor | None = None
+    mimic_bias: torch.Tensor | None = None
+    mimic_names: tuple[str, ...] = ()
     step_cache: StepCache = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -279,8 +286,9 @@ class Model:
         contact: ContactParams = ContactParams(),
         tendon_limit_stiffness: float = 100.0,
         tendon_limit_damping: float = 0.0,
-        mimic_stiffness: float = 1e4,
-        mimic_damping: float = 10.0,
+        mimic: str | Mapping[str, str] | None = None,
+        mimic_stiffness: float | None = None,
+        mimic_damping: float | None = None,
         cycle_stiffness: float | None = None,
         cycle_damping: float | None = None,
         mimic_natural_frequency: float | None = None,
@@ -313,8 +321,15 @@ class Model:
             contact: ground contact parameters.
             tendon_limit_stiffness, tendon_limit_damping: penalty on fixed tendons (``desc.tendons``) leaving
                 their range (N/m or N m/rad per unit of tendon length; defaults like joint limits).
-            mimic_stiffness, mimic_damping: spring holding each mimic joint at ``multiplier * leader +
-                offset`` (``desc.mimics``).
+            mimic: how the mimic joints (``desc.mimics``, ``joint = multiplier * leader + offset``) are
+                held: ``"hard"`` (an equality constraint inside the Newton solve: the ratio holds to
+                round-off, whatever the loads, like PhysX mimic joints), ``"compliant"`` (a spring-damper
+                row, like MuJoCo's joint equality with its ``solref``), or a mapping from mimic joint names
+                to either (unnamed ones take the default). Default (``None``): ``"compliant"`` when any of
+                ``mimic_stiffness``, ``mimic_damping``, ``mimic_natural_frequency`` is given, else
+                ``"hard"`` (the reference's articulations are PhysX's, whose mimic joints are hard).
+            mimic_stiffness, mimic_damping: spring (default 1e4) and damper (default 10) of a compliant
+                mimic joint in joint space.
             cycle_stiffness, cycle_damping: override the cycle joints' own spring (N/m, default 50000) and
                 damper (N s/m, default 0); ``None`` keeps each ``CycleJointDesc``'s. Cycle joints, fixed
                 tendons with a spring or damper and spatial tendons are rows of the implicit step
@@ -472,7 +487,18 @@ class Model:
 
         # -- contact points ------------------------------------------------------------------------------
         cdata = _contact_points(desc, contact)
-        coup = _couplings(desc, layout, tendon_limit_stiffness, tendon_limit_damping, mimic_stiffness, mimic_damping)
+        compliant_given = not (mimic_stiffness is None and mimic_damping is None and mimic_natural_frequency is None)
+        hard_mimics, soft_mimics = _split_mimics(desc, mimic, compliant_given)
+        soft_desc = dataclasses.replace(desc, mimics=soft_mimics) if hard_mimics else desc
+        coup = _couplings(
+            soft_desc,
+            layout,
+            tendon_limit_stiffness,
+            tendon_limit_damping,
+            1e4 if mimic_stiffness is None else mimic_stiffness,
+            10.0 if mimic_damping is None else mimic_damping,
+        )
+        hard = _hard_mimic_rows(desc, layout, hard_mimics)
         filter_pairs = _collision_filter(desc)
         filter_pairs, forced = _filtered_by_layers(
             desc, filter_pairs, contact_layers, layer_contacts, contact_overrides
@@ -552,9 +578,12 @@ class Model:
             coupling_names=coup["names"],
             has_ball_friction=has_ball_friction,
             constraints=rows,
+            mimic_matrix=t(hard["matrix"]) if hard["names"] else None,
+            mimic_bias=t(hard["bias"]) if hard["names"] else None,
+            mimic_names=hard["names"],
         )
         if mimic_natural_frequency is not None:
-            model = with_compliant_mimics(model, desc, mimic_natural_frequency, mimic_damping_ratio)
+            model = with_compliant_mimics(model, soft_desc, mimic_natural_frequency, mimic_damping_ratio)
         return model
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -839,6 +868,66 @@ def _contact_points(desc: ArticulationDesc, contact: ContactParams) -> dict:
         "point_geom": tuple(p[4] for p in pts),
         "skipped": tuple(skipped),
     }
+
+
+_MIMIC_MODES = ("hard", "compliant")
+
+
+def _split_mimics(desc, mimic, compliant_given: bool) -> tuple[tuple, tuple]:
+    """``desc.mimics`` split into the hard and the compliant ones by ``Model.from_desc``'s ``mimic``."""
+    default = "compliant" if compliant_given else "hard"
+    per = {}
+    if isinstance(mimic, str) or mimic is None:
+        default = default if mimic is None else mimic
+    else:
+        per = dict(mimic)
+        names = {mm.joint for mm in desc.mimics}
+        for name in per:
+            if name not in names:
+                raise UnknownNameError(
+                    f"mimic= names joint {name!r}, which mimics no other; mimic joints are: "
+                    f"{', '.join(sorted(names)) or '(none)'}",
+                    path=desc.source,
+                    item=f"mimic {name}",
+                )
+    for name, mode in [("mimic", default)] + list(per.items()):
+        if mode not in _MIMIC_MODES:
+            raise UnknownNameError(
+                f"mimic mode of {name!r} must be one of {', '.join(map(repr, _MIMIC_MODES))}, got {mode!r}",
+                path=desc.source,
+                item=f"mimic {name}",
+            )
+    hard = tuple(mm for mm in desc.mimics if per.get(mm.joint, default) == "hard")
+    soft = tuple(mm for mm in desc.mimics if per.get(mm.joint, default) != "hard")
+    return hard, soft
+
+
+def _hard_mimic_rows(desc, layout, mimics) -> dict:
+    """``r = q_joint - multiplier q_leader - offset`` rows ``[M, nv]`` and biases ``[M]`` of hard mimic joints;
+    one naming a joint without a hinge/slide DOF is refused (a hard constraint cannot be dropped quietly)."""
+    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
+    matrix = np.zeros((len(mimics), layout.nv))
+    bias = np.zeros(len(mimics))
+    for i, mm in enumerate(mimics):
+        for j in (mm.joint, mm.leader):
+            if j not in dof:
+                raise UnknownNameError(
+                    f"hard mimic joint {mm.joint!r} names joint {j!r}, which has no hinge/slide DOF",
+                    path=desc.source,
+                    item=f"mimic {mm.joint}",
+                )
+        matrix[i, dof[mm.joint]] += 1.0
+        matrix[i, dof[mm.leader]] -= mm.multiplier
+        bias[i] = -mm.offset
+    followers = [mm.joint for mm in mimics]
+    if len(set(followers)) != len(followers):
+        dup = sorted({j for j in followers if followers.count(j) > 1})
+        raise TopologyError(
+            f"joint(s) {', '.join(dup)} mimic more than one leader: hard mimic rows must be independent",
+            path=desc.source,
+            item=f"mimic {dup[0]}",
+        )
+    return {"matrix": matrix, "bias": bias, "names": tuple(f"mimic {mm.joint}" for mm in mimics)}
 
 
 def _couplings(desc, layout, k_tendon, d_tendon, k_mimic, d_mimic) -> dict:
