@@ -52,6 +52,16 @@ MJCF_BROKEN = [
 ]
 
 
+def crop_bvh(src: Path, dst: Path, frames: int, start: int = 0) -> Path:
+    """A real BVH file with only ``frames`` motion rows (from ``start``): same header, ``Frames:`` fixed."""
+    head, motion = src.read_text().split("MOTION", 1)
+    lines = motion.strip("\n").split("\n")
+    rows = lines[2 + start : 2 + start + frames]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
+    return dst
+
+
 def data_file(rel: str) -> Path:
     p = DATA / rel
     if not p.is_file():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, data_file
+from conftest import REPO, crop_bvh, data_file
 
 import kangengine as ke
 from kangengine.cli import build_parser, main
@@ -30,16 +30,6 @@ from kangengine.data import data_path
 MODEL = data_path("humanoid_CMU.xml")
 CONFIG = "cmu_bvh_to_cmu_humanoid"
 SUBCOMMANDS = ("info", "configs", "convert", "validate", "merge", "library", "export", "preview", "demo")
-
-
-def _crop_bvh(src: Path, dst: Path, frames: int, start: int = 0) -> Path:
-    """A real BVH file with only ``frames`` motion rows (from ``start``): same header, ``Frames:`` fixed."""
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    rows = lines[2 + start : 2 + start + frames]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
-    return dst
 
 
 def _run(*args, timeout=120, **kw):
@@ -65,10 +55,10 @@ def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("tree")
     walk, hops = data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh")
     src = root / "src"
-    _crop_bvh(walk, src / "walks" / "walk_a.bvh", 24, start=10)
-    _crop_bvh(walk, src / "walks" / "deep" / "walk_b.bvh", 30, start=100)
-    _crop_bvh(hops, src / "hops" / "hop.bvh", 24)  # from the T-pose frame 0: rejected
-    blob = _crop_bvh(walk, root / "blobs" / "5f0c1e9a", 28, start=50)
+    crop_bvh(walk, src / "walks" / "walk_a.bvh", 24, start=10)
+    crop_bvh(walk, src / "walks" / "deep" / "walk_b.bvh", 30, start=100)
+    crop_bvh(hops, src / "hops" / "hop.bvh", 24)  # from the T-pose frame 0: rejected
+    blob = crop_bvh(walk, root / "blobs" / "5f0c1e9a", 28, start=50)
     (src / "hops" / "linked.bvh").symlink_to(blob)
     (src / "hops" / "corrupt.bvh").write_text("HIERARCHY\nROOT Hips\n{\n  OFFSET 0 0\n")
     (src / "notes.txt").write_text("not a clip")
@@ -256,7 +246,7 @@ def test_sigkill_at_a_random_moment_then_rerun(tmp_path, workers):
     walk = data_file("bvh/cmu/02_01_cgspeed_walk.bvh")
     src = tmp_path / "src"
     for i in range(12):
-        _crop_bvh(walk, src / f"part{i % 3}" / f"clip_{i:02d}.bvh", 20, start=8 * i)
+        crop_bvh(walk, src / f"part{i % 3}" / f"clip_{i:02d}.bvh", 20, start=8 * i)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kangengine", "convert", str(MODEL), str(src), "--config", CONFIG]
     cmd += ["--out", str(out), "--workers", str(workers)]
@@ -321,7 +311,7 @@ def test_validate_killed_during_a_batch_resumes_without_redoing_finished_clips(c
 def test_ctrl_c_ends_cleanly_with_one_line_and_exit_130(tmp_path):
     walk = data_file("bvh/cmu/02_01_cgspeed_walk.bvh")
     for i in range(40):
-        _crop_bvh(walk, tmp_path / "src" / f"clip_{i:02d}.bvh", 20, start=5 * i)
+        crop_bvh(walk, tmp_path / "src" / f"clip_{i:02d}.bvh", 20, start=5 * i)
     cmd = [sys.executable, "-m", "kangengine", "convert", str(MODEL), str(tmp_path / "src"), "--config", CONFIG]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, data_file
+from conftest import REPO, crop_bvh, data_file
 
 from kangengine.cli import main
 from kangengine.data import data_path
@@ -29,15 +29,6 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="re
 
 MODEL = data_path("humanoid_CMU.xml")
 CONFIG = "cmu_bvh_to_cmu_humanoid"
-
-
-def _crop_bvh(src: Path, dst: Path, frames: int, start: int = 0) -> Path:
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    rows = lines[2 + start : 2 + start + frames]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
-    return dst
 
 
 def _descendants(pid: int) -> set[int]:
@@ -80,7 +71,7 @@ def test_sigkill_of_a_two_worker_batch_leaves_no_process_and_no_temporary(tmp_pa
     src = tmp_path / "src"
     names = [f"clip_{i:02d}.bvh" for i in range(8)]
     for i, name in enumerate(names):
-        _crop_bvh(walk, src / name, 40, start=10 * i)
+        crop_bvh(walk, src / name, 40, start=10 * i)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kangengine", "convert", str(MODEL), str(src), "--config", CONFIG]
     cmd += ["--out", str(out), "--workers", "2"]

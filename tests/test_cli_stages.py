@@ -25,7 +25,7 @@ from pathlib import Path
 import bvhio
 import numpy as np
 import pytest
-from conftest import REPO, data_file
+from conftest import REPO, crop_bvh, data_file
 
 import kangengine as ke
 from kangengine.cli import main
@@ -35,16 +35,6 @@ from kangengine.pipelines.plots import contact_groups
 MODEL = data_path("humanoid_CMU.xml")
 CONFIG = "cmu_bvh_to_cmu_humanoid"
 STAGES = ("library", "library build", "export", "preview", "demo")
-
-
-def _crop_bvh(src: Path, dst: Path, frames: int, start: int = 0) -> Path:
-    """A real BVH file with only ``frames`` motion rows (from ``start``): same header, ``Frames:`` fixed."""
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    rows = lines[2 + start : 2 + start + frames]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
-    return dst
 
 
 def _env() -> dict:
@@ -71,8 +61,8 @@ def stages(tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
     walk = data_file("bvh/cmu/02_01_cgspeed_walk.bvh")
     src = root / "src"
-    _crop_bvh(walk, src / "walks" / "a.bvh", 48, start=10)
-    _crop_bvh(walk, src / "walks" / "deep" / "b.bvh", 36, start=120)
+    crop_bvh(walk, src / "walks" / "a.bvh", 48, start=10)
+    crop_bvh(walk, src / "walks" / "deep" / "b.bvh", 36, start=120)
     conv = _run("convert", MODEL, src, "--config", CONFIG, "--out", root / "conv")
     val = _run("validate", MODEL, root / "conv", "--out", root / "val", "--root-assist-hz", "1")
     return root, conv, val
@@ -244,7 +234,7 @@ def _run_on_terminal(args) -> tuple[int, str]:
 def test_progress_bar_on_a_terminal_with_per_clip_status_and_warnings_in_the_manifest(tmp_path):
     walk = data_file("bvh/cmu/02_01_cgspeed_walk.bvh")
     for i in range(3):
-        _crop_bvh(walk, tmp_path / "src" / f"clip_{i}.bvh", 12, start=20 * i)
+        crop_bvh(walk, tmp_path / "src" / f"clip_{i}.bvh", 12, start=20 * i)
     (tmp_path / "smpl").mkdir()
     args = ["convert", MODEL, tmp_path / "src", "--config", CONFIG, "--smpl-model-dir", tmp_path / "smpl"]
     rc, shown = _run_on_terminal([*args, "--out", tmp_path / "out"])
@@ -274,7 +264,7 @@ def test_passive_openmp_waits_unless_the_user_chose_and_threads_reach_the_tracke
     )
     assert done.stdout.split()[-2] == "ACTIVE"  # the user's choice is kept
     # --threads reaches the simulator's settings (recorded in each report), default 1
-    walk = _crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 8)
+    walk = crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 8)
     args = ["validate", str(MODEL), str(walk), "--config", CONFIG, "--no-plots", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "t1")]) in (0, 1)
     assert main([*args, "--out", str(tmp_path / "t2"), "--threads", "2"]) in (0, 1)
@@ -347,7 +337,7 @@ def test_validation_figure_reads_at_a_glance_on_a_clip_that_falls(tmp_path):
 
     desc = ke.asset.load(MODEL)
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc)
-    clip = ke.io.load_bvh(_crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 100, start=10))
+    clip = ke.io.load_bvh(crop_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), tmp_path / "w.bvh", 100, start=10))
     moved = ke.retarget.retarget_motion(clip, CONFIG, desc).motion
     motion = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(moved, clamp_to_limits=True).motion
     model = ke.sim.Model.from_desc(desc, layout)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, data_file
+from conftest import REPO, crop_bvh, data_file
 
 try:
     import ray
@@ -31,16 +31,6 @@ from kangengine.pipelines.batch import run_tasks
 MODEL = str(data_path("humanoid_CMU.xml"))
 CONFIG = "cmu_bvh_to_cmu_humanoid"
 GOOD = ("hops/hop.bvh", "walks/deep/walk_b.bvh", "walks/walk_a.bvh", "walks/walk_c.bvh")
-
-
-def _crop_bvh(src: Path, dst: Path, frames: int, start: int = 0) -> Path:
-    """A real BVH file with only ``frames`` motion rows (from ``start``): same header, ``Frames:`` fixed."""
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    rows = lines[2 + start : 2 + start + frames]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {len(rows)}\n{lines[1]}\n" + "\n".join(rows) + "\n")
-    return dst
 
 
 def _without_times(entries: list[dict]) -> list[dict]:
@@ -59,10 +49,10 @@ def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("raytree")
     walk, hops = data_file("bvh/cmu/02_01_cgspeed_walk.bvh"), data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh")
     src = root / "src"
-    _crop_bvh(walk, src / "walks" / "walk_a.bvh", 24, start=10)
-    _crop_bvh(walk, src / "walks" / "walk_c.bvh", 20, start=200)
-    _crop_bvh(walk, src / "walks" / "deep" / "walk_b.bvh", 30, start=100)
-    _crop_bvh(hops, src / "hops" / "hop.bvh", 24)
+    crop_bvh(walk, src / "walks" / "walk_a.bvh", 24, start=10)
+    crop_bvh(walk, src / "walks" / "walk_c.bvh", 20, start=200)
+    crop_bvh(walk, src / "walks" / "deep" / "walk_b.bvh", 30, start=100)
+    crop_bvh(hops, src / "hops" / "hop.bvh", 24)
     (src / "hops" / "corrupt.bvh").write_text("HIERARCHY\nROOT Hips\n{\n  OFFSET 0 0\n")
     assert main(["convert", MODEL, str(src), "--config", CONFIG, "--out", str(root / "c1"), "--quiet"]) == 1
     val = ["validate", MODEL, str(root / "c1"), "--no-plots", "--batch-size", "2", "--quiet"]
