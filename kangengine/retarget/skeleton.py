@@ -740,14 +740,15 @@ def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, 
 
         foot_pose = _FootPose(pos, rot, local, fi, ti, foot_p, toe_p, toe_t)
         every = np.arange(len(pos))
-        z = foot_pose.sole(every)[..., 2] - radii
+        every_pts = foot_pose.sole(every)
+        z = every_pts[..., 2] - radii
         low = z.min(axis=1)
         speed = np.zeros(len(pos))
         if len(pos) > 1:
             v = np.linalg.norm(np.diff(pos[:, fi, :2], axis=0), axis=-1) * fps
             speed = np.maximum(np.r_[v, v[-1]], np.r_[v[0], v])
         S = np.flatnonzero((low < low.min() + _STANCE_HEIGHT) & (speed < _STANCE_SPEED))
-        pts = foot_pose.sole(S)
+        pts = every_pts[S]  # the stance frames' sole points (frames are computed independently)
         span = pts[..., :2] - pts[..., :2].mean(axis=1, keepdims=True)
         if len(S) < 3 or len(radii) < 2:
             angles[foot] = 0.0
