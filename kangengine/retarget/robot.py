@@ -528,7 +528,7 @@ def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, dev
     src, tg, motion = clip.src, clip.tg, clip.motion
     gb, go, gr = ground
     n = q.shape[0]
-    q, lift = _clear_floor(layout, q, gb, go, gr, cfg.ground_height, max_correction_m)
+    q, lift, fk = _clear_floor(layout, q, gb, go, gr, cfg.ground_height, max_correction_m)
     fps = src.fps
     qd = _central_velocity(layout, q, fps)
     amotion = ArticulationMotion(
@@ -545,9 +545,9 @@ def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, dev
     )
     contact = np.stack([p.in_contact for p in tg.phases], 1) if tg.phases else np.zeros((n, 0), bool)
     metrics, task_errors = robot_retarget_metrics(
-        layout, q, qd, fps, cfg, tg, ground, motion_local_rotation(motion, src.kept), lift
+        layout, q, qd, fps, cfg, tg, ground, motion_local_rotation(motion, src.kept), lift, fk=fk
     )
-    metrics.update(self_collision_metrics(layout, q, sc, tg, src, motion))
+    metrics.update(self_collision_metrics(layout, q, sc, tg, src, motion, fk=fk))
     wall, cpu, nclips = timing
     metrics.update(
         {
@@ -569,12 +569,13 @@ def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, dev
     )
 
 
-def self_collision_metrics(layout, q, sc: _SelfCollision, tg: _Targets, src: _Source, motion) -> dict:
+def self_collision_metrics(layout, q, sc: _SelfCollision, tg: _Targets, src: _Source, motion, fk=None) -> dict:
     """Robot self-collision frames (capsule proxies, every checked pair: two proxies intersecting by more than
     :data:`SELF_COLLISION_TOLERANCE_M`, or for proxies that overlap at rest, deeper than at rest by more than
     that) next to the source's own intersections
-    (capsules around the correspondence bones, :func:`.self_collision.source_intersections`)."""
-    gaps = capsule_gaps(layout, q, sc.caps, sc.pairs, within=0.0)
+    (capsules around the correspondence bones, :func:`.self_collision.source_intersections`). ``fk``: the body
+    transforms at ``q`` if already known."""
+    gaps = capsule_gaps(layout, q, sc.caps, sc.pairs, within=0.0, fk=fk)
     depth = collision_depth(gaps, sc.rest_gap[None]) if gaps.size else np.zeros((q.shape[0], 0))
     robot = (depth > SELF_COLLISION_TOLERANCE_M).any(1) if gaps.size else np.zeros(q.shape[0], dtype=bool)
     parents = np.asarray(motion.tree.parent_indices)
@@ -595,24 +596,30 @@ def motion_local_rotation(motion: SkeletonMotion, kept: np.ndarray) -> np.ndarra
     return np.asarray(motion.numpy().local_rotation, dtype=np.float64)[kept]
 
 
-def _lowest_clearance(layout, q, gb, go, gr, ground):
+def _lowest_clearance(layout, q, gb, go, gr, ground, fk=None):
     from ..animation.layout import forward_kinematics
 
-    p, r = forward_kinematics(layout, q)
+    p, r = forward_kinematics(layout, q) if fk is None else fk
     x = p[:, gb] + R.quat_rotate(r[:, gb], go[None])
     return (x[..., 2] - gr[None] - ground).min(1)  # [N]
 
 
 def _clear_floor(layout, q, gb, go, gr, ground, limit):
-    """Lift the root of every frame with a collision point below the floor by that depth (up to ``limit``)."""
+    """Lift the root of every frame with a collision point below the floor by that depth (up to ``limit``):
+    ``(q, lift [N] m, (body positions, body rotations) at the lifted q)``."""
+    from ..animation.layout import forward_kinematics
+
+    fk = forward_kinematics(layout, q)
     if gb.size == 0:
-        return q, np.zeros(q.shape[0])
-    low = _lowest_clearance(layout, q, gb, go, gr, ground)
+        return q, np.zeros(q.shape[0]), fk
+    low = _lowest_clearance(layout, q, gb, go, gr, ground, fk)
     lift = np.where((low < 0) & (low > -limit), -low, 0.0)
     root = layout.blocks[0]
     q = q.copy()
     q[:, root.q_offset + 2] += lift
-    return q, lift
+    bpos = fk[0].copy()
+    bpos[..., 2] += lift[:, None]  # the free root's translation moves every body with it
+    return q, lift, (bpos, fk[1])
 
 
 def _central_velocity(layout, q, fps: float) -> np.ndarray:

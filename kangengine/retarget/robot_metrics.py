@@ -36,7 +36,11 @@ def _speed_peaks(local_rot: np.ndarray, fps: float) -> tuple[float, float]:
     if local_rot.shape[0] < 3:
         return 0.0, 0.0
     rel = R.quat_multiply(local_rot[1:], R.quat_conjugate(local_rot[:-1]))
-    w = R.quat_to_rotvec(rel) * fps  # [N-1, J, 3]
+    # rotation vectors of the (unit) frame-to-frame rotations, shortest way round
+    s = np.linalg.norm(rel[..., 1:], axis=-1)
+    k = 2.0 * np.arctan2(s, np.abs(rel[..., 0])) / np.maximum(s, 1e-12)
+    k = np.where(s > 1e-12, k, 2.0) * np.where(rel[..., 0] < 0, -1.0, 1.0)
+    w = rel[..., 1:] * (k * fps)[..., None]  # [N-1, J, 3] rad/s
     acc = np.linalg.norm(np.diff(w, axis=0), axis=-1) * fps
     return float(np.linalg.norm(w, axis=-1)[:, 1:].max()), float(acc[:, 1:].max())
 
@@ -84,7 +88,7 @@ def _foot_metrics(layout, bpos, brot, cfg, tg, fps: float) -> dict:
     }
 
 
-def robot_retarget_metrics(layout, q, qd, fps: float, cfg, tg, ground_points, source_local_rot, lift):
+def robot_retarget_metrics(layout, q, qd, fps: float, cfg, tg, ground_points, source_local_rot, lift, *, fk=None):
     """``(metrics dict, task_errors [frames, tasks] m)`` of a solved clip (see the module docstring).
 
     Args:
@@ -93,10 +97,11 @@ def robot_retarget_metrics(layout, q, qd, fps: float, cfg, tg, ground_points, so
         ground_points: ``(body [G], offset [G, 3], radius [G])`` the collision points.
         source_local_rot: ``[frames, joints, 4]`` the source's local rotations (its own speed peaks).
         lift: ``[frames]`` m, root lift applied to clear the floor.
+        fk: ``(body positions [frames, B, 3] m, body rotations wxyz [frames, B, 4])`` at ``q`` if already known.
     """
     from ..animation.layout import forward_kinematics
 
-    bpos, brot = forward_kinematics(layout, q)
+    bpos, brot = forward_kinematics(layout, q) if fk is None else fk
     x = bpos[:, tg.key_body] + R.quat_rotate(brot[:, tg.key_body], tg.key_offset[None])
     err = np.linalg.norm(x - tg.key_target, axis=-1)  # [N, K]
     per_body = {name: float(e) for name, e in zip(tg.key_names, err.mean(0))}

@@ -169,10 +169,13 @@ def robot_capsules(desc, layout, model_path=None) -> CollisionCapsules:
     )
 
 
-def capsule_gaps(layout, q, caps: CollisionCapsules, pairs: np.ndarray, *, within: float = np.inf) -> np.ndarray:
+def capsule_gaps(
+    layout, q, caps: CollisionCapsules, pairs: np.ndarray, *, within: float = np.inf, fk=None
+) -> np.ndarray:
     """``[frames, C]`` m: the gap between the two capsules of each pair at ``q [frames, nq]`` (negative: they
     intersect), from our forward kinematics. With ``within``, gaps whose bounding spheres are further apart than
-    that are not computed exactly and read ``+inf`` (a broad phase: only the sign near contact matters)."""
+    that are not computed exactly and read ``+inf`` (a broad phase: only the sign near contact matters).
+    ``fk``: ``(body positions [frames, B, 3], body rotations wxyz [frames, B, 4])`` at ``q`` if already known."""
     import torch
 
     from ..animation.layout import forward_kinematics
@@ -180,7 +183,7 @@ def capsule_gaps(layout, q, caps: CollisionCapsules, pairs: np.ndarray, *, withi
 
     if pairs.size == 0:
         return np.zeros((q.shape[0], 0))
-    p, r = forward_kinematics(layout, np.asarray(q, dtype=np.float64))
+    p, r = forward_kinematics(layout, np.asarray(q, dtype=np.float64)) if fk is None else fk
     t = torch.as_tensor
     seg = capsules_world(t(p), t(r), t(caps.body), t(caps.segment))
     pr, rad = t(pairs), t(caps.radius)
