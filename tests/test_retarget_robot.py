@@ -420,15 +420,15 @@ CLIPS = {
     "01_01": ("bvh/cmu/01_01_cgspeed_hops_long.bvh", 0, 300),
 }
 #: our mean key-body error over mink's allowed per clip: no worse than mink (2 % for noise) where that is
-#: reached; 131_01 is not yet (measured +7 %: its feet are held flat where the 3dsMax source rolls and turns them)
-MINK_MEAN_RATIO = {"02_01": 1.02, "131_01": 1.10, "01_01": 1.02}
+#: reached; 131_01 is not yet (measured +6 %: its feet are held flat where the 3dsMax source rolls and turns them)
+MINK_MEAN_RATIO = {"02_01": 1.02, "131_01": 1.08, "01_01": 1.02}
 
 
 @pytest.mark.parametrize("clip", list(CLIPS))
 def test_three_clips_against_the_mink_baseline(clip, config):
     """CMU 02_01 (walk), 131_01 (3dsMax walk) and 01_01 (hops), a window of each onto the G1, next to per-frame
     mink IK on the same targets through the same metrics: our mean key-body error is no worse than mink's (2 %
-    for noise; measured -1.5 %, +7 %, -5 %: 131_01 is allowed 10 % and is not yet at mink; ours also holds the
+    for noise; measured -1.6 %, +6 %, -6 %: 131_01 is allowed 8 % and is not yet at mink; ours also holds the
     feet, which the source does not always do), while mink's feet slide
     and sink into the floor and ours do not: floating <= 5 % of contact frames, slide <= 2 cm per contact phase
     beyond the source's own, penetration <= 1 cm, every joint inside its limits."""
