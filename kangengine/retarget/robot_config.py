@@ -216,6 +216,9 @@ class ContactOptions:
         return cls(**{k: _number(v, f"contact.{k}", path) for k, v in d.items()})
 
 
+_INT_SOLVER_KEYS = ("iterations", "coarse_stride", "coarse_iterations", "smoothing_iterations", "smoothing_reuse")
+
+
 @dataclass(frozen=True)
 class SolverOptions:
     """Weights and iteration counts of the whole-clip solver (see :mod:`.solver`).
@@ -229,6 +232,9 @@ class SolverOptions:
             in the smoothing pass (0: no smoothing pass).
         smoothing_s: standard deviation (s) of the Gaussian low-pass.
         smoothing_iterations: Gauss-Newton iterations of the smoothing pass.
+        smoothing_reuse: 1: a one-iteration smoothing pass reuses the fine pass's normal equations (the step
+            minimises that pass's quadratic model plus the pull, no new Jacobians: one full linearisation
+            fewer per clip); 0: it linearises again at the low-passed solution.
         contact_weight: weight of the sole points held on the ground during a contact phase.
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
@@ -245,6 +251,7 @@ class SolverOptions:
     smoothness_weight: float = 1.0
     smoothing_s: float = 0.02
     smoothing_iterations: int = 2
+    smoothing_reuse: int = 0
     contact_weight: float = 20.0
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
@@ -260,7 +267,7 @@ class SolverOptions:
         out = {}
         for k, v in d.items():
             x = _number(v, f"solver.{k}", path)
-            out[k] = int(x) if k in ("iterations", "coarse_stride", "coarse_iterations", "smoothing_iterations") else x
+            out[k] = int(x) if k in _INT_SOLVER_KEYS else x
         if out.get("coarse_stride", 1) < 1:
             raise FormatError("is 0; expected an integer >= 1", path=path, item="solver.coarse_stride")
         return cls(**out)

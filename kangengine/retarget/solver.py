@@ -681,7 +681,7 @@ def _active_set_round(hess, grad, step, one_sided):
     return step
 
 
-def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
+def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None, keep_model: bool = False):
     """Levenberg-Marquardt iterations on every frame of ``q [N, nq]`` at once (frames are independent here).
 
     ``prior = (q_prior [N, nq], weight)`` adds ``weight * |difference(q, q_prior)|^2`` (the smoothing pass).
@@ -689,6 +689,9 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
     raised tenfold, an accepted one lowers it threefold (never under ``options.damping``). A frame whose
     accepted step is under :data:`_CONVERGED_STEP` has converged and leaves the batch: the following
     iterations run on the frames still moving only (gathered, then written back).
+
+    ``keep_model``: also return the last iteration's linearisation ``(q_base, hess (damping included), grad,
+    one_sided)`` when it covered every frame (else ``None``): :func:`_proximal_smooth` reuses it.
     """
     import torch
 
@@ -698,6 +701,7 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
     cost = q.new_zeros(n)
     damping = q.new_full((n,), float(options.damping))
     active = torch.arange(n, device=q.device)
+    model = None
     for _ in range(iterations):
         full = active.numel() == n
         qa = q if full else q[active]
@@ -715,6 +719,7 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
         step = _solve(hess, grad)
         if one_sided:
             step = _active_set_round(hess, grad, step, one_sided)
+        model = (qa, hess, grad, one_sided) if keep_model and full else None
         big = step.abs().amax(1, keepdim=True)
         step = step * (options.max_step / big.clamp_min(options.max_step))
         # projected step: the joints go back inside their limits
@@ -728,7 +733,32 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None):
         active = active[moving]
         if active.numel() == 0:
             break
-    return q, cost
+    return (q, cost, model) if keep_model else (q, cost)
+
+
+def _proximal_smooth(model, q_smooth, tasks, tables, layout, options, weight: float):
+    """The smoothing pass on the last pass's linearisation (no new Jacobians): per frame the step ``d`` from that
+    pass's base ``q0`` minimising its quadratic model plus ``weight |difference(q0 + d, q_smooth)|^2``
+    (``(H + weight I) d = -(g + weight difference(q0, q_smooth))``, the one-sided rows' active set, limits and
+    step bound as in :func:`_iterate`); a frame keeps ``q_smooth`` where that lowers its true cost less.
+    Returns ``(q [N, nq], cost [N])``."""
+    import torch
+
+    q0, hess, grad, one_sided = model
+    hess = hess.clone()
+    hess.diagonal(dim1=1, dim2=2).add_(weight)
+    grad = grad + weight * layout.difference(q0, q_smooth)
+    step = _solve(hess, grad)
+    if one_sided:
+        step = _active_set_round(hess, grad, step, one_sided)
+    big = step.abs().amax(1, keepdim=True)
+    step = step * (options.max_step / big.clamp_min(options.max_step))
+    qn = _project_limits(layout.integrate(q0, step), tables)
+    prior = (q_smooth, weight)
+    cn = _cost(qn, tasks, tables, layout, prior)
+    cs = _cost(q_smooth, tasks, tables, layout, prior)
+    ok = cn <= cs * (1.0 + 1e-6) + 1e-12
+    return torch.where(ok[:, None], qn, q_smooth), torch.where(ok, cn, cs)
 
 
 def smooth_on_manifold(layout, q, sigma_frames: float, clips: ClipFrames | None = None):
@@ -821,9 +851,12 @@ def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=No
     all_pairs = tasks
     if tasks.num_pairs:
         tasks = all_pairs.with_pairs(_near_pairs(q, all_pairs, layout, 0.05))
-    q, cost = _iterate(q, tasks, tables, layout, options, int(options.iterations))
+    reuse = bool(getattr(options, "smoothing_reuse", 0))
+    q, cost, model = _iterate(q, tasks, tables, layout, options, int(options.iterations), keep_model=True)
     if options.smoothness_weight > 0 and options.smoothing_iterations > 0:
         q_smooth = smooth_on_manifold(layout, q, options.smoothing_s * fps, clips)
+        if reuse and model is not None and int(options.smoothing_iterations) == 1:
+            return _proximal_smooth(model, q_smooth, tasks, tables, layout, options, float(options.smoothness_weight))
         if tasks.num_pairs:  # the pairs the refined motion brings near
             tasks = all_pairs.with_pairs(_near_pairs(q_smooth, all_pairs, layout, 0.03))
         prior = (q_smooth, float(options.smoothness_weight))
