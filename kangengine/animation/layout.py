@@ -280,7 +280,7 @@ class ArticulationCoordinateLayout:
             )
 
     @cached_property
-    def _tangent_runs(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]:
+    def tangent_runs(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]:
         """``(runs, rotations)``: contiguous ``(q offset, qd offset, length)`` runs of the vector part
         (hinges, slides, free translations), and the ``(q offset, qd offset)`` of every quaternion (free
         rotation, balls). The maps below use plain slices: no index arrays, no host-device copies."""
@@ -319,7 +319,7 @@ class ArticulationCoordinateLayout:
         self._check("qd", qd, self.nv)
         dt = _as_dt(dt, q)
         dtv = dt[..., None] if getattr(dt, "ndim", 0) else dt
-        runs, rots = self._tangent_runs
+        runs, rots = self.tangent_runs
         out = _copy(q)
         for q0, v0, k in runs:
             out[..., q0 : q0 + k] = q[..., q0 : q0 + k] + qd[..., v0 : v0 + k] * dtv
@@ -344,7 +344,7 @@ class ArticulationCoordinateLayout:
         self._check("q0", q0, self.nq)
         dt = _as_dt(dt, q1)
         dtv = dt[..., None] if getattr(dt, "ndim", 0) else dt
-        runs, rots = self._tangent_runs
+        runs, rots = self.tangent_runs
         shape = tuple(np.broadcast_shapes(tuple(q1.shape[:-1]), tuple(q0.shape[:-1]))) + (self.nv,)
         out = _zeros(q1, shape)
         for a, v0, k in runs:

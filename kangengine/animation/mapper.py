@@ -516,29 +516,6 @@ def _solve_chain(J: np.ndarray, axes: np.ndarray) -> list[tuple[np.ndarray, np.n
     return out
 
 
-def _tangent_runs(layout: ArticulationCoordinateLayout):
-    """``(runs, rotations)`` as :meth:`ArticulationCoordinateLayout.difference` walks the blocks: contiguous
-    ``(q offset, qd offset, length)`` runs of scalars (hinges, slides, free translations) and the
-    ``(q offset, qd offset)`` of each quaternion (free rotation, balls)."""
-    runs: list[list[int]] = []
-    rots: list[tuple[int, int]] = []
-    for b in layout.blocks:
-        if b.joint_type in (JointType.HINGE, JointType.SLIDE):
-            r = [b.q_offset, b.qd_offset, 1]
-        elif b.joint_type is JointType.FREE:
-            r = [b.q_offset, b.qd_offset, 3]
-            rots.append((b.q_offset + 3, b.qd_offset + 3))
-        else:
-            if b.joint_type is JointType.BALL:
-                rots.append((b.q_offset, b.qd_offset))
-            continue
-        if runs and runs[-1][0] + runs[-1][2] == r[0] and runs[-1][1] + runs[-1][2] == r[1]:
-            runs[-1][2] += r[2]
-        else:
-            runs.append(r)
-    return tuple(tuple(r) for r in runs), tuple(rots)
-
-
 def _body_plan(layout: ArticulationCoordinateLayout, b: int):
     """(kind, hinge blocks to solve, ball block or None, blocks held at ref)."""
     blocks = [x for x in layout.blocks_of_body(b) if x.joint_type is not JointType.FIXED]
@@ -666,7 +643,7 @@ class ArticulationMotionMapper:
         self._group_narrow = {id(g): bool(self._hinge_narrow[g.hinge_cols].any()) for g in self._groups}
         # scalar DOFs that clamping may move: hinges (solved) and held joints (slides/hinges at ref)
         self._slides = [x for x in lay.blocks if x.joint_type is JointType.SLIDE]
-        self._tangent_runs = _tangent_runs(lay)
+        self._tangent_runs = lay.tangent_runs
         runs, rots = self._tangent_runs
         self._tangent_covers = sum(k for _, _, k in runs) + 3 * len(rots) == lay.nv
 
