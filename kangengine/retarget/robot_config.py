@@ -44,6 +44,7 @@ configurations are found this way.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -629,12 +630,22 @@ def load_robot_config(name_or_path: str | os.PathLike, *, model=None):
     return cfg.replace(target_model=str(model_path) if model_path is not None else cfg.target_model)
 
 
+@functools.lru_cache(maxsize=8)
+def _load_model_file(path: str, mtime_ns: int, size: int):
+    """``(layout, desc)`` of a model file, kept for the next clip while the file is unchanged (its time and size
+    are in the key): both are frozen, and parsing the MJCF is a large part of a short clip's time."""
+    from ..animation.layout import ArticulationCoordinateLayout
+    from ..asset import load as load_asset
+
+    desc = load_asset(Path(path))
+    return ArticulationCoordinateLayout.from_data(data=desc, free_root=True), desc
+
+
 def load_robot_model(cfg: RobotRetargetConfig, model=None):
     """``(layout, desc, path)`` of the robot: ``model`` (a path, an ``ArticulationDesc`` or a layout) or the
     configuration's ``target_model``. ``desc`` is ``None`` when a layout was given; ``path`` is ``None``
     when no file was read."""
     from ..animation.layout import ArticulationCoordinateLayout
-    from ..asset import load as load_asset
     from ..asset.desc import ArticulationDesc
 
     if model is None:
@@ -646,7 +657,9 @@ def load_robot_model(cfg: RobotRetargetConfig, model=None):
         path = Path(model).resolve()
         if not path.is_file():
             raise FileMissingError("no such robot model file", path=path, item="model")
-        model = load_asset(path)
+        st = path.stat()
+        layout, desc = _load_model_file(str(path), st.st_mtime_ns, st.st_size)
+        return layout, desc, path
     if not isinstance(model, ArticulationDesc):
         raise FormatError(
             f"model is {type(model).__name__}; expected a model file path, an ArticulationDesc or a layout",
