@@ -420,15 +420,16 @@ CLIPS = {
     "01_01": ("bvh/cmu/01_01_cgspeed_hops_long.bvh", 0, 300),
 }
 #: our mean key-body error over mink's allowed per clip: no worse than mink (2 % for noise) where that is
-#: reached; 131_01 is not yet (measured +6 %: its feet are held flat where the 3dsMax source rolls and turns them)
-MINK_MEAN_RATIO = {"02_01": 1.02, "131_01": 1.08, "01_01": 1.02}
+#: reached; 131_01 is not yet (measured +4.8 %: its held feet keep the source foot's heading where the leg above
+#: turns, and the G1 has no ankle yaw)
+MINK_MEAN_RATIO = {"02_01": 1.02, "131_01": 1.06, "01_01": 1.02}
 
 
 @pytest.mark.parametrize("clip", list(CLIPS))
 def test_three_clips_against_the_mink_baseline(clip, config):
     """CMU 02_01 (walk), 131_01 (3dsMax walk) and 01_01 (hops), a window of each onto the G1, next to per-frame
     mink IK on the same targets through the same metrics: our mean key-body error is no worse than mink's (2 %
-    for noise; measured -1.6 %, +6 %, -6 %: 131_01 is allowed 8 % and is not yet at mink; ours also holds the
+    for noise; measured -1.6 %, +4.8 %, -6.6 %: 131_01 is allowed 6 % and is not yet at mink; ours also holds the
     feet, which the source does not always do), while mink's feet slide
     and sink into the floor and ours do not: floating <= 5 % of contact frames, slide <= 2 cm per contact phase
     beyond the source's own, penetration <= 1 cm, every joint inside its limits."""
@@ -623,3 +624,21 @@ def test_segment_closest_points_against_sampling():
         seg = s1 - s0
         along = np.einsum("ij,ij->i", x - s0, seg) / np.maximum(np.einsum("ij,ij->i", seg, seg), 1e-300)
         np.testing.assert_allclose(s0 + np.clip(along, 0, 1)[:, None] * seg, x, atol=1e-9)
+
+
+def test_smoothing_on_the_fine_pass_linearisation(walk, config):
+    """``smoothing_reuse`` (the shipped G1 configuration): the smoothing step taken on the fine pass's normal
+    equations keeps the key bodies where the smoothing pass linearised again puts them (mean within 2 %), and it
+    does smooth: the joint acceleration peak is far under that of the same solve without a smoothing pass
+    (measured on its first 200 frames: 3.73 vs 3.71 cm; 425 rad/s^2 against 290 relinearised and 2123 without)."""
+    assert config.solver.smoothing_reuse == 1 and config.solver.smoothing_iterations == 1
+    clip = walk[:200]
+
+    def run(**over):
+        cfg = config.replace(solver=dataclasses.replace(config.solver, **over))
+        return ke.retarget.retarget_to_robot(clip, cfg).metrics
+
+    reuse, again, none = run(), run(smoothing_reuse=0), run(smoothing_iterations=0)
+    assert reuse["key_body_error_m"]["mean"] <= 1.02 * again["key_body_error_m"]["mean"]
+    assert reuse["joint_acceleration_peak_rad_s2"] < 0.5 * none["joint_acceleration_peak_rad_s2"]
+    assert reuse["floating_share"] <= 0.05 and reuse["joints_outside_limits"] == 0
