@@ -26,23 +26,12 @@ import time
 import warnings
 from pathlib import Path
 
-from _common import DATA, REPO
+from _common import DATA, REPO, crop_bvh
 
 # the cgspeed conversions: the joint names the configuration maps (the 3dsMax and iClone files name theirs
 # differently and would fail the batch at the retarget step)
 SOURCES = ("02_01_cgspeed_walk.bvh", "01_01_cgspeed_hops_long.bvh")
 CONFIG = "cmu_bvh_to_cmu_humanoid"
-
-
-def _crop(src: Path, dst: Path, seconds: float, index: int) -> None:
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    frame_time = float(lines[1].split(":")[1])
-    n = max(int(seconds / frame_time), 2)
-    rows = lines[2:]
-    start = (index * n // 2) % max(len(rows) - n, 1)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {n}\n{lines[1]}\n" + "\n".join(rows[start : start + n]) + "\n")
 
 
 def _stage_times(stats: pstats.Stats) -> dict[str, float]:
@@ -93,7 +82,7 @@ def main() -> None:
     src = work / "src"
     for i in range(args.clips):
         name = SOURCES[i % len(SOURCES)]
-        _crop(DATA / "bvh" / "cmu" / name, src / f"part{i % 3}" / f"{Path(name).stem}_{i:03d}.bvh", args.seconds, i)
+        crop_bvh(DATA / "bvh" / "cmu" / name, src / f"part{i % 3}" / f"{Path(name).stem}_{i:03d}.bvh", args.seconds, i)
     files = sorted(src.rglob("*.bvh"))
     opts = ConvertOptions(config=CONFIG, fps=args.fps)
     print(f"{len(files)} clips of {args.seconds:g} s (real CMU BVH crops), config {CONFIG}, one thread")

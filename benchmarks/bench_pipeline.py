@@ -32,21 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import DATA
+from _common import DATA, REPO, crop_bvh
 
-REPO = Path(__file__).resolve().parents[1]
 SOURCES = ("02_01_cgspeed_walk.bvh", "01_01_cgspeed_hops_long.bvh")
-
-
-def _crop(src: Path, dst: Path, seconds: float, index: int) -> None:
-    head, motion = src.read_text().split("MOTION", 1)
-    lines = motion.strip("\n").split("\n")
-    frame_time = float(lines[1].split(":")[1])
-    n = max(int(seconds / frame_time), 2)
-    rows = lines[2:]
-    start = (index * n // 2) % max(len(rows) - n, 1)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(f"{head}MOTION\nFrames: {n}\n{lines[1]}\n" + "\n".join(rows[start : start + n]) + "\n")
 
 
 def _timed(args: list[str]) -> tuple[float, float]:
@@ -97,7 +85,7 @@ def main() -> None:
     src = work / "src"
     for i in range(args.clips):
         name = SOURCES[i % len(SOURCES)]
-        _crop(DATA / "bvh" / "cmu" / name, src / f"part{i % 3}" / f"{Path(name).stem}_{i:03d}.bvh", args.seconds, i)
+        crop_bvh(DATA / "bvh" / "cmu" / name, src / f"part{i % 3}" / f"{Path(name).stem}_{i:03d}.bvh", args.seconds, i)
     print(f"{args.clips} clips of {args.seconds:g} s (real CMU BVH crops) in {src}")
     print(f"before: {_load()}")
     runs = {"workers 1": ["--workers", "1"], "workers 2": ["--workers", "2"]}
