@@ -40,6 +40,7 @@ __all__ = [
     "build_constraints",
     "constraint_rows",
     "point_jacobians",
+    "mimic_rows",
     "with_compliant_mimics",
 ]
 
@@ -401,6 +402,32 @@ def constraint_rows(model, q: torch.Tensor) -> ConstraintRows:
     return model.constraints.rows_at(model, compute_frames(model, q), qs)
 
 
+def mimic_rows(desc: ArticulationDesc, layout, mimics, *, kind: str = "mimic") -> tuple[np.ndarray, np.ndarray]:
+    """``(matrix [M, nv], bias [M])`` of the mimic rows ``r = q_joint - multiplier q_leader - offset``: each row
+    has ``+1`` at the joint's DOF and ``-multiplier`` at the leader's (hinge/slide DOFs of ``layout``, at their
+    velocity offsets), and ``bias = -offset`` (rad or m).
+
+    Raises:
+        UnknownNameError: a mimic joint or its leader has no hinge/slide DOF (``kind`` names the row kind in
+            the message, e.g. ``"hard mimic"``).
+    """
+    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
+    matrix = np.zeros((len(mimics), layout.nv))
+    bias = np.zeros(len(mimics))
+    for i, mm in enumerate(mimics):
+        for j in (mm.joint, mm.leader):
+            if j not in dof:
+                raise UnknownNameError(
+                    f"{kind} joint {mm.joint!r} names joint {j!r}, which has no hinge/slide DOF",
+                    path=desc.source,
+                    item=f"mimic {mm.joint}",
+                )
+        matrix[i, dof[mm.joint]] += 1.0
+        matrix[i, dof[mm.leader]] -= mm.multiplier
+        bias[i] = -mm.offset
+    return matrix, bias
+
+
 def with_compliant_mimics(model, desc: ArticulationDesc, natural_frequency: float, damping_ratio: float):
     """``model`` with its mimic joints (``desc.mimics``) as rows of the step whose spring and damper come
     from a natural frequency and a damping ratio instead of fixed gains (and without their joint-space
@@ -426,22 +453,8 @@ def with_compliant_mimics(model, desc: ArticulationDesc, natural_frequency: floa
     if not desc.mimics:
         return model
     layout = model.layout
-    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
-    rows = np.zeros((len(desc.mimics), layout.nv))
-    offset = np.zeros(len(desc.mimics))
-    names = []
-    for i, mm in enumerate(desc.mimics):
-        for j in (mm.joint, mm.leader):
-            if j not in dof:
-                raise UnknownNameError(
-                    f"mimic joint {mm.joint!r} names joint {j!r}, which has no hinge/slide DOF",
-                    path=desc.source,
-                    item=f"mimic {mm.joint}",
-                )
-        rows[i, dof[mm.joint]] += 1.0
-        rows[i, dof[mm.leader]] -= mm.multiplier
-        offset[i] = -mm.offset
-        names.append(f"mimic {mm.joint}")
+    rows, offset = mimic_rows(desc, layout, desc.mimics)
+    names = [f"mimic {mm.joint}" for mm in desc.mimics]
     q0 = torch.as_tensor(layout.neutral()[None], dtype=torch.float64)
     m64 = dataclasses.replace(model, dtype=torch.float64, **_as_float64(model))
     mass = mass_matrix(m64, q0)[0].cpu().numpy()

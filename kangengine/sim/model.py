@@ -26,7 +26,7 @@ from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
 from ..errors import LayoutMismatch, ShapeError, TopologyError, UnknownNameError
-from .constraints import Constraints, build_constraints, with_compliant_mimics
+from .constraints import Constraints, build_constraints, mimic_rows, with_compliant_mimics
 from .drives import DriveEnvelope
 
 __all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State"]
@@ -905,20 +905,7 @@ def _split_mimics(desc, mimic, compliant_given: bool) -> tuple[tuple, tuple]:
 def _hard_mimic_rows(desc, layout, mimics) -> dict:
     """``r = q_joint - multiplier q_leader - offset`` rows ``[M, nv]`` and biases ``[M]`` of hard mimic joints;
     one naming a joint without a hinge/slide DOF is refused (a hard constraint cannot be dropped quietly)."""
-    dof = {b.joint_name: b.qd_offset for b in layout.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE)}
-    matrix = np.zeros((len(mimics), layout.nv))
-    bias = np.zeros(len(mimics))
-    for i, mm in enumerate(mimics):
-        for j in (mm.joint, mm.leader):
-            if j not in dof:
-                raise UnknownNameError(
-                    f"hard mimic joint {mm.joint!r} names joint {j!r}, which has no hinge/slide DOF",
-                    path=desc.source,
-                    item=f"mimic {mm.joint}",
-                )
-        matrix[i, dof[mm.joint]] += 1.0
-        matrix[i, dof[mm.leader]] -= mm.multiplier
-        bias[i] = -mm.offset
+    matrix, bias = mimic_rows(desc, layout, mimics, kind="hard mimic")
     followers = [mm.joint for mm in mimics]
     if len(set(followers)) != len(followers):
         dup = sorted({j for j in followers if followers.count(j) > 1})
