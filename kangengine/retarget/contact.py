@@ -20,7 +20,15 @@ import numpy as np
 HOLD_RADIUS_M = 0.02
 """m: how far the source heel may wander within a contact phase before the held sole follows it."""
 
-__all__ = ["HOLD_RADIUS_M", "ContactPhases", "detect_contact", "contact_phases", "held_sole_targets", "phase_slide"]
+__all__ = [
+    "HOLD_RADIUS_M",
+    "ContactPhases",
+    "detect_contact",
+    "contact_phases",
+    "held_sole_targets",
+    "phase_slide",
+    "phase_yaw",
+]
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ def held_sole_targets(
     heel_down=None,
     toe_down=None,
     hold_radius: float = HOLD_RADIUS_M,
+    yaw=None,
 ):
     """Sole targets of the robot foot held at one place per phase, and their weights.
 
@@ -155,6 +164,8 @@ def held_sole_targets(
         hold_radius: m. Where the source heel itself wanders farther than this from the held place during
             a phase (a shuffle or a pivot read as contact), the held sole follows it by the excess, so the
             robot foot never slides more than the source's does and never lags it by more than this.
+        yaw: ``[phases]`` rad or ``None``: the heading of the held foot in each phase (its x axis from world +X
+            about +Z) instead of the source foot's mean heading (the solver's choice, :func:`phase_yaw`).
     Returns:
         ``(targets [frames, points, 3] m world, weight [frames, points] in [0, 1])``.
     """
@@ -175,7 +186,7 @@ def held_sole_targets(
     origin = np.stack([np.bincount(pid[by], heel_world[by, i], minlength=k) for i in range(3)], -1)
     origin /= cnt[:, None]
     fwd = np.stack([np.bincount(pid[inside], foot_forward_world[inside, i], minlength=k) for i in range(2)], -1)
-    yaw = np.arctan2(fwd[:, 1], fwd[:, 0])
+    yaw = np.arctan2(fwd[:, 1], fwd[:, 0]) if yaw is None else np.asarray(yaw, dtype=np.float64)
     origin[:, 2] = ground - sole[:, 2].min()  # flat sole on the floor
     targets = np.zeros((n, sole.shape[0], 3))
     weight = np.zeros((n, sole.shape[0]))
@@ -202,6 +213,23 @@ def held_sole_targets(
         targets[:, cols] = tg
         weight[:, cols] = w[:, None]
     return targets, weight
+
+
+def phase_yaw(phases: ContactPhases, forward_world, weight=None) -> np.ndarray:
+    """``[phases]`` rad: the mean heading of a direction over each phase's frames (circular mean, weighted).
+
+    Args:
+        forward_world: ``[frames, 3]`` a direction per frame (e.g. the robot foot's x axis), world, Z up.
+        weight: ``[frames]`` or ``None``: each frame's share in its phase's mean.
+    """
+    pid = phases.phase_id
+    inside = pid >= 0
+    k = phases.num_phases
+    w = np.ones(pid.shape[0]) if weight is None else np.asarray(weight, dtype=np.float64)
+    f = np.asarray(forward_world, dtype=np.float64)[:, :2]
+    f = f / np.maximum(np.linalg.norm(f, axis=-1, keepdims=True), 1e-12)
+    s = [np.bincount(pid[inside], (w * f[:, i])[inside], minlength=k) for i in range(2)]
+    return np.arctan2(s[1], s[0])
 
 
 def _drift(pid, mask, src, radius: float) -> np.ndarray:

@@ -29,7 +29,7 @@ from .. import rotations as R
 from ..animation.motion import ArticulationMotion
 from ..animation.skeleton import SkeletonMotion, SkeletonState
 from ..errors import FormatError, ShapeError
-from .contact import ContactPhases, contact_phases, detect_contact, held_sole_targets
+from .contact import ContactPhases, contact_phases, detect_contact, held_sole_targets, phase_yaw
 from .robot_config import RobotRetargetConfig, load_robot_config, load_robot_model, resolve_source_name
 from .robot_metrics import robot_retarget_metrics
 from .self_collision import (
@@ -175,6 +175,23 @@ def _scale_of(cfg, layout, src: _Source, ground_src: float, path) -> tuple[float
 
 
 @dataclass(frozen=True)
+class _Hold:
+    """What one foot's held sole targets are built from (:func:`.contact.held_sole_targets`), kept so that the
+    held heading can be chosen again after the coarse pass (``solver.held_yaw_from_solve``)."""
+
+    phases: ContactPhases
+    heel: np.ndarray  # [N, 3] m, the scaled source heel
+    toe: np.ndarray | None  # [N, 3] m
+    forward: np.ndarray  # [N, 3] the source foot's forward direction
+    sole: np.ndarray  # [S, 3] m, foot frame
+    options: dict  # the remaining keyword arguments of held_sole_targets
+
+    def targets(self, yaw=None) -> tuple[np.ndarray, np.ndarray]:
+        """``(targets [N, S, 3] m, weight [N, S])`` held at ``yaw [phases]`` rad (``None``: the source's)."""
+        return held_sole_targets(self.phases, self.heel, self.toe, self.forward, self.sole, yaw=yaw, **self.options)
+
+
+@dataclass(frozen=True)
 class _Targets:
     key_body: np.ndarray  # [K] robot body
     key_offset: np.ndarray  # [K, 3]
@@ -193,6 +210,7 @@ class _Targets:
     scale: float
     source_joints: np.ndarray  # [N, J, 3] the source joints scaled about the root (its own intersections)
     source_bones: np.ndarray  # [K] source joints of the correspondences (their bones from the parent)
+    holds: tuple[_Hold, ...] = ()  # per foot
 
 
 def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Targets:
@@ -215,7 +233,7 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
     key_weight = np.broadcast_to(np.array([b.position_weight for b in bodies]), (n, len(bodies))).copy()
     # contacts and held soles
     fps = src.fps
-    phases, sole_t, sole_w, sole_b, sole_o, src_feet, ramps = [], [], [], [], [], [], []
+    phases, sole_t, sole_w, sole_b, sole_o, src_feet, ramps, holds = [], [], [], [], [], [], [], []
     opts = cfg.contact
     for i, (f, fb, sole) in enumerate(zip(cfg.feet, foot_bodies, soles)):
         heel = resolve_source_name(f.source_heel, src.names, item=f"feet[{i}].source_heel", path=path)
@@ -237,17 +255,21 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         if toe_w is not None:  # heel and toe on their own: the foot rolls over them as the source's does
             heel_down = detect_contact(heel_w, None, fps, **th)
             toe_down = detect_contact(toe_w, None, fps, **th)
-        tgt, wp = held_sole_targets(
+        hold = _Hold(
             ph,
             heel_w,
             toe_w,
             forward,
             sole,
-            ground=cfg.ground_height,
-            blend_frames=opts.blend_s * fps,
-            heel_down=heel_down,
-            toe_down=toe_down,
+            {
+                "ground": cfg.ground_height,
+                "blend_frames": opts.blend_s * fps,
+                "heel_down": heel_down,
+                "toe_down": toe_down,
+            },
         )
+        holds.append(hold)
+        tgt, wp = hold.targets()
         w = wp.mean(1)  # [N] the share of the sole held
         # the foot's key targets: lowered by the ankle-height difference seen in contact
         if ph.in_contact.any():
@@ -294,12 +316,72 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         scale=scale,
         source_joints=root_t[:, None] + scale * (src.pos - root_src[:, None]),
         source_bones=np.array(ks, dtype=np.int64),
+        holds=tuple(holds),
     )
 
 
-def _axis_weights(tg: _Targets) -> np.ndarray:
-    """``[N, K + S, 3]`` per-axis weights of the point tasks (key points, then held sole points)."""
-    return np.repeat(np.concatenate([tg.key_weight, tg.sole_weight], 1)[..., None], 3, -1)
+def _axis_weights(tg: _Targets, sole_xy: float = 1.0) -> np.ndarray:
+    """``[N, K + S, 3]`` per-axis weights of the point tasks (key points, then held sole points); ``sole_xy``
+    scales the held soles' horizontal weights (their height stays held)."""
+    w = np.repeat(np.concatenate([tg.key_weight, tg.sole_weight], 1)[..., None], 3, -1)
+    if sole_xy != 1.0:
+        w[:, tg.key_weight.shape[1] :, :2] *= sole_xy
+    return w
+
+
+#: the held soles' horizontal weight in the coarse pass when the held heading is the solver's
+#: (``solver.held_yaw_from_solve``): weak enough to let the foot turn where the legs want it
+_FREE_YAW_SOLE_XY = 0.1
+
+
+def _emphasise_errors(layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak_m: float) -> IKTasks:
+    """The tasks with each key-body point's weight rescaled per frame by its error ``e`` at ``q [N, nq]`` (the
+    coarse pass's solution): ``clamp(floor_m / e, 1, 3)`` (small errors count more: the squares then weigh like
+    the distances the mean error adds up, one reweighted least-squares step towards it) times
+    ``min(1 + (e / peak_m)^2, 4)`` (the worst frames count more: towards the largest error). 0 turns a factor off.
+    """
+    import torch
+
+    from .solver import _quat_rotate
+
+    pos, rot = layout.kinematics.from_coordinates(q)
+    kb = tasks.point_body[:nkey]
+    n = q.shape[0]
+    x = pos[:, kb] + _quat_rotate(rot[:, kb], tasks.point_offset[:nkey].expand(n, -1, -1))
+    e = torch.linalg.norm(x - tasks.point_target[:, :nkey], dim=-1)  # [N, K] m
+    f = torch.ones_like(e)
+    if peak_m > 0:
+        f = f * (1.0 + (e / peak_m) ** 2).clamp_max(4.0)
+    if floor_m > 0:
+        f = f * (floor_m / e.clamp_min(1e-9)).clamp(1.0, 3.0)
+    w = tasks.point_weight.clone()
+    w[:, :nkey] *= f[..., None]
+    from dataclasses import replace
+
+    return replace(tasks, point_weight=w)
+
+
+def _foot_forward(layout, q, bodies) -> np.ndarray:
+    """``[N, F, 3]``: the x axis of the robot bodies ``bodies [F]`` in the world at ``q [N, nq]`` (torch)."""
+    _, rot = layout.kinematics.from_coordinates(q)
+    w, x, y, z = rot[:, bodies].double().cpu().numpy().transpose(2, 0, 1)
+    return np.stack([1.0 - 2.0 * (y * y + z * z), 2.0 * (x * y + w * z), 2.0 * (x * z - w * y)], -1)
+
+
+def _held_at_solver_yaw(clip: _Clip, forward: np.ndarray, cfg) -> _Clip:
+    """The clip with each foot held, per phase, at the mean heading its robot foot has in ``forward [N, F, 3]``
+    (the coarse pass's solution) instead of the source foot's."""
+    from dataclasses import replace
+
+    tg = clip.tg
+    tgt, wt = [], []
+    for i, h in enumerate(tg.holds):
+        t, w = h.targets(phase_yaw(h.phases, forward[:, i], h.phases.in_contact))
+        tgt.append(t)
+        wt.append(w * cfg.solver.contact_weight)
+    if not tgt:
+        return clip
+    return replace(clip, tg=replace(tg, sole_target=np.concatenate(tgt, 1), sole_weight=np.concatenate(wt, 1)))
 
 
 def collision_points(desc, layout, cfg: RobotRetargetConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -411,7 +493,7 @@ def _self_collision(desc, layout, mpath, cfg) -> _SelfCollision:
     return _SelfCollision(caps, pairs, rest, pair_clearance(rest, float(cfg.solver.self_collision_margin)))
 
 
-def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t) -> IKTasks:
+def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t, sole_xy: float = 1.0) -> IKTasks:
     """The :class:`IKTasks` of clips solved together (frames concatenated clip by clip)."""
     import torch
 
@@ -435,7 +517,7 @@ def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t) -> IK
         point_body=t(np.concatenate([tg0.key_body, tg0.sole_body]), torch.int64),
         point_offset=t(np.concatenate([tg0.key_offset, tg0.sole_offset])),
         point_target=t(np.concatenate([cat("key_target"), cat("sole_target")], 1)),
-        point_weight=t(np.concatenate([_axis_weights(c.tg) for c in clips], 0)),
+        point_weight=t(np.concatenate([_axis_weights(c.tg, sole_xy) for c in clips], 0)),
         orient_body=t(tg0.orient_body, torch.int64),
         orient_target_wxyz=t(cat("orient_target")),
         orient_weight=t(cat("orient_weight")),
@@ -448,6 +530,30 @@ def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t) -> IK
         q_neutral=t(layout.neutral()),
         **pair,
     )
+
+
+def _between_passes(group: list[_Clip], frames: ClipFrames, tasks: IKTasks, cfg, layout, ground, sc, t):
+    """``(coarse-pass tasks or None, retask or None)`` for :func:`.solver.solve_clip`: with
+    ``solver.held_yaw_from_solve`` the coarse pass holds the soles weakly in the horizontal and the fine pass
+    holds each phase's foot at the heading the coarse pass gave it; with ``solver.key_weight_floor_m`` /
+    ``key_weight_peak_m`` the fine pass's key-body weights are rescaled by the coarse pass's errors."""
+    yaw_free = bool(cfg.solver.held_yaw_from_solve and cfg.feet)
+    floor_m, peak_m = float(cfg.solver.key_weight_floor_m), float(cfg.solver.key_weight_peak_m)
+    if not (yaw_free or floor_m > 0 or peak_m > 0):
+        return None, None
+    coarse = _tasks(group, cfg, layout, ground, sc, t, sole_xy=_FREE_YAW_SOLE_XY) if yaw_free else None
+    nkey = len(group[0].tg.key_body)
+
+    def retask(q_warm):
+        out = tasks
+        if yaw_free:
+            fwd = _foot_forward(layout, q_warm, [layout.body_index(f.robot) for f in cfg.feet])
+            cut = frames.clip_frame_start.tolist()[1:]
+            held = [_held_at_solver_yaw(c, f, cfg) for c, f in zip(group, np.split(fwd, cut))]
+            out = _tasks(held, cfg, layout, ground, sc, t)
+        return _emphasise_errors(layout, q_warm, out, nkey, floor_m, peak_m)
+
+    return coarse, retask
 
 
 def retarget_to_robot(
@@ -510,7 +616,10 @@ def retarget_to_robot(
         frames = ClipFrames.from_counts([c.q0.shape[0] for c in group])
         tasks = _tasks(group, cfg, layout, ground, sc, t)
         q0 = t(np.concatenate([c.q0 for c in group], 0))
-        q, cost = solve_clip(layout, tasks, q0, cfg.solver, fps=fps, tables=tables, clips=frames)
+        coarse, retask = _between_passes(group, frames, tasks, cfg, layout, ground, sc, t)
+        q, cost = solve_clip(
+            layout, tasks, q0, cfg.solver, fps=fps, tables=tables, clips=frames, coarse_tasks=coarse, retask=retask
+        )
         q = q.detach().cpu().numpy().astype(np.float64)
         cost = cost.detach().cpu().numpy()
         for i, s, n in zip(idx, frames.clip_frame_start, frames.clip_frame_count):

@@ -217,7 +217,14 @@ class ContactOptions:
         return cls(**{k: _number(v, f"contact.{k}", path) for k, v in d.items()})
 
 
-_INT_SOLVER_KEYS = ("iterations", "coarse_stride", "coarse_iterations", "smoothing_iterations", "smoothing_reuse")
+_INT_SOLVER_KEYS = (
+    "iterations",
+    "coarse_stride",
+    "coarse_iterations",
+    "smoothing_iterations",
+    "smoothing_reuse",
+    "held_yaw_from_solve",
+)
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,14 @@ class SolverOptions:
             minimises that pass's quadratic model plus the pull, no new Jacobians: one full linearisation
             fewer per clip); 0: it linearises again at the low-passed solution.
         contact_weight: weight of the sole points held on the ground during a contact phase.
+        held_yaw_from_solve: 0: a held foot keeps the source foot's mean heading over the phase; 1: the coarse
+            pass holds the soles' height only (their horizontal place weakly) and each phase's foot is then held
+            at the mean heading the robot foot took there (one heading per phase, the legs' choice: the G1 has
+            no ankle yaw, its knee can only follow a source knee turning over a straight foot by turning the foot).
+        key_weight_floor_m, key_weight_peak_m: m, after the coarse pass each key-body point's weight is rescaled
+            per frame by its error ``e`` there: ``clamp(key_weight_floor_m / e, 1, 3)`` (small errors count
+            more, so the squares weigh like the distances the mean error adds up) times
+            ``min(1 + (e / key_weight_peak_m)^2, 4)`` (the worst frames count more); 0 turns a factor off.
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
         max_step: largest step of one iteration (rad / m, infinity norm).
@@ -254,6 +269,9 @@ class SolverOptions:
     smoothing_iterations: int = 2
     smoothing_reuse: int = 0
     contact_weight: float = 20.0
+    held_yaw_from_solve: int = 0
+    key_weight_floor_m: float = 0.0
+    key_weight_peak_m: float = 0.0
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
     max_step: float = 0.5

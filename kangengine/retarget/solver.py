@@ -817,7 +817,18 @@ def _near_pairs(q, tasks, layout, cull_m: float):
     return near[(gap < slack[near]).any(0)]
 
 
-def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=None, clips: ClipFrames | None = None):
+def solve_clip(
+    layout,
+    tasks: IKTasks,
+    q_init,
+    options,
+    *,
+    fps: float,
+    tables=None,
+    clips: ClipFrames | None = None,
+    coarse_tasks: IKTasks | None = None,
+    retask=None,
+):
     """Solve a batch of clips: a coarse pass on every ``options.coarse_stride``-th frame of each clip
     (interpolated on the manifold as the warm start), all frames, then the smoothing pass (a pull towards the
     low-passed solution, with every task still on: contacts, floor and limits stay as solved). Self-collision
@@ -830,6 +841,10 @@ def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=No
         options: :class:`~kangengine.retarget.robot_config.SolverOptions`.
         fps: frames per second of the clips (the smoothing width is in seconds).
         clips: where each clip lies in the frame axis (default: one clip).
+        coarse_tasks: the tasks of the coarse pass if not ``tasks`` (all frames; only the coarse ones are used).
+        retask: ``None`` or a function of the warm start ``q [frames, nq]`` (the interpolated coarse pass)
+            returning the :class:`IKTasks` of the fine and smoothing passes instead of ``tasks`` (the robot
+            path chooses the held feet's heading there).
     Returns:
         ``(q [frames, nq], cost [frames])`` torch, on ``q_init``'s device and dtype.
     """
@@ -840,7 +855,8 @@ def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=No
     n = q.shape[0]
     clips = ClipFrames.single(n) if clips is None else clips
     stride = int(options.coarse_stride)
-    no_pairs = tasks.with_pairs(torch.zeros(tasks.num_pairs, dtype=torch.bool, device=q.device))
+    first = tasks if coarse_tasks is None else coarse_tasks
+    no_pairs = first.with_pairs(torch.zeros(first.num_pairs, dtype=torch.bool, device=q.device))
     if stride > 1 and int(clips.clip_frame_count.min()) > 2 * stride and options.coarse_iterations > 0:
         idx, lo_pos, alpha = _coarse_plan(clips, stride)
         idx_t = torch.as_tensor(idx, device=q.device)
@@ -848,6 +864,8 @@ def solve_clip(layout, tasks: IKTasks, q_init, options, *, fps: float, tables=No
         lo_t = torch.as_tensor(lo_pos, device=q.device)
         a_t = torch.as_tensor(alpha, dtype=q.dtype, device=q.device)[:, None]
         q = _project_limits(layout.integrate(qc[lo_t], layout.difference(qc[lo_t + 1], qc[lo_t]) * a_t), tables)
+    if retask is not None:
+        tasks = retask(q)
     all_pairs = tasks
     if tasks.num_pairs:
         tasks = all_pairs.with_pairs(_near_pairs(q, all_pairs, layout, 0.05))
