@@ -242,3 +242,74 @@ def test_native_parser_holds_about_the_result_in_memory():
         tracemalloc.stop()
     assert got.shape == (2752, 96)
     assert peak < 1.1 * got.nbytes + (64 << 10), (peak, got.nbytes, len(data))
+
+
+@pytest.mark.parametrize("rel", BVH_FILES)
+def test_native_float32_rows_and_any_row_hint_give_the_same_numbers(rel):
+    """float32 output is the float64 result rounded once more (numpy's ``astype``); the buffer hint (the header's
+    frame count, right or wrong) never changes the rows."""
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    data, start = _motion_text(DATA / rel)
+    cols = len(data[start:].split(b"\n", 1)[0].split())
+    ref = _decimal.parse_rows(data, start, cols)
+    rows = ref.shape[0]
+    for hint in (None, 0, 1, rows - 1, rows, rows + 1, 10 * rows, 1 << 40):
+        got = _decimal.parse_rows(data, start, cols, rows_hint=hint)
+        np.testing.assert_array_equal(got, ref, err_msg=f"rows_hint={hint}")
+        got32 = _decimal.parse_rows(data, start, cols, dtype=np.float32, rows_hint=hint)
+        assert got32.dtype == np.float32
+        np.testing.assert_array_equal(got32, ref.astype(np.float32), err_msg=f"rows_hint={hint}")
+
+
+def _random_tree(rng, nodes):
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, nodes)])
+    return parents
+
+
+@pytest.mark.parametrize("rel", BVH_FILES)
+def test_native_detection_extents_equal_the_numpy_levels(rel):
+    """The up-axis and unit detection: the native extents kernel against the numpy composition level by level
+    (4x4 homogeneous products) on the sampled frames of every shared file, and the median extent the reader uses."""
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    m = load_bvh(DATA / rel, up_axis="y", scale=1.0, dtype=np.float64)
+    rot, rt = np.asarray(m.local_rotation), np.asarray(m.root_translation)
+    lt = None if m.local_translation is None else np.asarray(m.local_translation)
+    offsets, parents = np.asarray(m.tree.local_translation), np.asarray(m.tree.parent_indices)
+    pos = bvh._sample_positions(rot, rt, lt, offsets, parents, (0, 1, 2))
+    rows = bvh._sample_rows(rot.shape[0])
+    trans = np.repeat(offsets[None], len(rows), axis=0) if lt is None else lt[rows]
+    trans[:, 0] = rt[rows]
+    got = _decimal.pose_extents(rot[rows], trans, parents)
+    np.testing.assert_allclose(got, pos.max(axis=1) - pos.min(axis=1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        bvh._detection_extent(rot, rt, lt, offsets, parents, (0, 1, 2)), bvh._median_extent(pos), rtol=1e-12
+    )
+
+
+def test_native_detection_extents_on_random_trees_match_scipy():
+    """Random trees and rotations (unnormalised quaternions, as the matrix formula divides by the norm): world
+    positions composed with scipy's rotations, extents of all nodes after the root."""
+    from scipy.spatial.transform import Rotation
+
+    if _decimal._build() is False:
+        pytest.skip("llvmlite unavailable")
+    rng = np.random.default_rng(11)
+    for nodes in (1, 2, 7, 40):
+        parents = _random_tree(rng, nodes)
+        quat = rng.normal(size=(5, nodes, 4)) * rng.uniform(0.5, 2.0, size=(5, nodes, 1))
+        trans = rng.normal(size=(5, nodes, 3)) * 10
+        got = _decimal.pose_extents(quat, trans, parents)
+        rot = Rotation.from_quat(quat[..., [1, 2, 3, 0]].reshape(-1, 4)).as_matrix().reshape(5, nodes, 3, 3)
+        world_r, world_p = np.empty_like(rot), np.empty_like(trans)
+        for i, p in enumerate(parents):
+            if p < 0:
+                world_r[:, i], world_p[:, i] = rot[:, i], trans[:, i]
+            else:
+                world_r[:, i] = world_r[:, p] @ rot[:, i]
+                world_p[:, i] = world_p[:, p] + np.einsum("fij,fj->fi", world_r[:, p], trans[:, i])
+        kept = world_p[:, 1:] if nodes > 1 else world_p
+        np.testing.assert_allclose(got, kept.max(axis=1) - kept.min(axis=1), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="precede"):
+        _decimal.pose_extents(np.ones((1, 2, 4)), np.zeros((1, 2, 3)), np.array([-1, 1]))

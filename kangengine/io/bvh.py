@@ -41,6 +41,7 @@ from .. import rotations as R
 from .._files import atomic_write
 from ..errors import BVHFrameCountWarning, FileMissingError, FormatError, ShapeError
 from ._decimal import parse_rows as parse_decimal_rows
+from ._decimal import pose_extents
 
 __all__ = [
     "load_bvh",
@@ -538,9 +539,12 @@ def _row_line(body: bytes, first_line: int, row: int) -> int:
 _NON_SPACE = re.compile(rb"\S")
 
 
-def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=np.float64) -> np.ndarray:
+def _parse_rows(
+    data: bytes, start: int, first_line: int, nch: int, path, dtype=np.float64, rows_hint: int | None = None
+) -> np.ndarray:
     """The motion rows ``data[start:]`` as a ``[frames, nch]`` array (the native decimal parser, else one
-    ``numpy.loadtxt`` call; no copy of the text); the slow diagnosis runs only when that fails."""
+    ``numpy.loadtxt`` call; no copy of the text); the slow diagnosis runs only when that fails. ``rows_hint``: the
+    header's frame count, which sizes the native parser's buffer (any count gives the same rows)."""
     if _NON_SPACE.search(data, start) is None:
         raise FormatError(
             "the motion has zero frames; expected at least one row of values", path=path, item=f"line {first_line}"
@@ -552,15 +556,16 @@ def _parse_rows(data: bytes, start: int, first_line: int, nch: int, path, dtype=
         _diagnose_rows(body, first_line, 0, path)
         return np.zeros((rows, 0))
     try:
-        values = parse_decimal_rows(data, start, nch)  # native one-pass parser: plain decimals only
+        # native one-pass parser: plain decimals only, each below 1e37, so finite in float32 and float64
+        values = parse_decimal_rows(data, start, nch, dtype=dtype, rows_hint=rows_hint)
         if values is not None:
-            values = values.astype(dtype, copy=False)
-        else:  # exponents, nan/inf, long numbers, ragged rows, no llvmlite: numpy's reader (and its errors)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                stream = io.BytesIO(data)  # shares the bytes object; no copy
-                stream.seek(start)
-                values = np.loadtxt(stream, dtype=dtype, comments=None, ndmin=2)
+            return values
+        # exponents past 22, nan/inf, long numbers, ragged rows, no llvmlite: numpy's reader (and its errors)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream = io.BytesIO(data)  # shares the bytes object; no copy
+            stream.seek(start)
+            values = np.loadtxt(stream, dtype=dtype, comments=None, ndmin=2)
     except ValueError as exc:
         _diagnose_rows(bytes(body), first_line, nch, path)
         raise FormatError(f"unreadable motion rows ({exc})", path=path, item=f"line {first_line}") from exc
@@ -681,7 +686,7 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     up to 32 frames spread over the clip, from the local arrays already built in output axes (file component
     ``a`` is output component ``vec_index[a]``)."""
     nf = rot.shape[0]
-    rows = np.arange(nf) if nf <= 32 else np.unique(np.linspace(0, nf - 1, 32).round().astype(np.int64))
+    rows = _sample_rows(nf)
     parents = np.asarray(parents, dtype=np.int64)
     order, starts = _depth_order(parents)
     at = np.empty_like(order)
@@ -704,6 +709,35 @@ def _sample_positions(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarra
     pos = pos[..., list(vec_index)]
     # The root is left out: some skeletons have a ground-projected or static root far from the body.
     return pos[:, 1:] if pos.shape[1] > 1 else pos
+
+
+def _sample_rows(nf: int) -> list[int]:
+    """Up to 32 frame indices spread over ``nf`` frames: ``round(i (nf - 1) / 31)``, in integers (the rows of
+    ``np.linspace(0, nf - 1, 32).round()``: no quotient is within 1/62 of a half)."""
+    if nf <= 32:
+        return list(range(nf))
+    return sorted({(2 * i * (nf - 1) + 31) // 62 for i in range(32)})
+
+
+def _detection_extent(rot, root_t, lt, offsets, parents, vec_index) -> np.ndarray:
+    """``[3]`` per-axis median over up to 32 frames spread over the clip of the per-frame extent of the joint
+    positions (file axes and units, the root left out; see :func:`_median_extent`), from the local arrays in
+    output axes. One native call (:func:`kangengine.io._decimal.pose_extents`) where the kernel is available,
+    else the same products level by level in numpy (:func:`_sample_positions`)."""
+    rows = _sample_rows(rot.shape[0])
+    quat = rot[rows].astype(np.float64)
+    if lt is None:
+        trans = np.empty((len(rows),) + offsets.shape)
+        trans[:] = offsets
+    else:
+        trans = lt[rows]  # a copy (fancy index), float64
+    trans[:, 0] = root_t[rows]
+    ext = pose_extents(quat, trans, np.asarray(parents, dtype=np.int64))
+    if ext is None:
+        return _median_extent(_sample_positions(rot, root_t, lt, offsets, parents, vec_index))
+    ext = np.sort(ext[:, list(vec_index)], axis=0)
+    mid = len(rows) // 2
+    return ext[mid] if len(rows) % 2 else (ext[mid - 1] + ext[mid]) / 2.0  # np.median's middle value(s)
 
 
 def _median_extent(pos: np.ndarray) -> np.ndarray:
@@ -807,7 +841,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
-    values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype)
+    values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype, header_frames)
     _check_magnitudes(nodes, values, layout, metres_per_unit, dtype, path)
     nf = values.shape[0]
     if nf != header_frames:
@@ -836,7 +870,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     # Y up is the BVH convention: build for it first; detection runs on those arrays (a Z-up file is rebuilt).
     offsets, vec_index, rot, root_t, lt = build("z" if up_axis == "z" else "y")
     if up_axis == "auto" or scale is None:
-        ext = _median_extent(_sample_positions(rot, root_t, lt, offsets, parents, vec_index))
+        ext = _detection_extent(rot, root_t, lt, offsets, parents, vec_index)
         if up_axis == "auto":
             up, up_detected = ("z" if ext[2] > ext[1] else "y"), True
             if up == "z":
