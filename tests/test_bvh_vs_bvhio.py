@@ -313,3 +313,17 @@ def test_native_detection_extents_on_random_trees_match_scipy():
         np.testing.assert_allclose(got, kept.max(axis=1) - kept.min(axis=1), rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="precede"):
         _decimal.pose_extents(np.ones((1, 2, 4)), np.zeros((1, 2, 3)), np.array([-1, 1]))
+
+
+def test_motion_line_search_equals_the_regular_expression():
+    """The ``MOTION`` line found with ``bytes.find`` is the match of the multiline regular expression, on texts
+    with decoys (MOTION inside names, after other words, with spaces, tabs, at the start and the end)."""
+    import re
+
+    regex = re.compile(rb"(?m)^[ \t]*MOTION[ \t]*$")
+    pieces = [b"MOTION", b" MOTION", b"\tMOTION \t", b"JOINT MOTION", b"MOTIONS", b"xMOTION", b"", b"  ", b"HIERARCHY"]
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        text = b"\n".join(pieces[int(k)] for k in rng.integers(0, len(pieces), size=int(rng.integers(0, 6))))
+        m = regex.search(text)
+        assert bvh._motion_line(text) == (None if m is None else (m.start(), m.end())), text

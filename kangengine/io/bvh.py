@@ -450,7 +450,6 @@ def _node_names(nodes: list[_Node]) -> tuple[list[str], list[str]]:
 # motion block
 # ------------------------------------------------------------------------------------------------------
 
-_MOTION_RE = re.compile(rb"(?m)^[ \t]*MOTION[ \t]*$")
 _FRAMES_RE = re.compile(rb"\s*Frames\s*:\s*(\S*)\s*")
 _FRAME_TIME_RE = re.compile(rb"\s*Frame\s+Time\s*:\s*(\S*)\s*")
 
@@ -462,10 +461,25 @@ def _normalise(text):
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
+def _motion_line(data: bytes) -> tuple[int, int] | None:
+    """``(start, end)`` of the first line that is ``MOTION`` between optional spaces and tabs (the match of
+    ``(?m)^[ \\t]*MOTION[ \\t]*$``), found with ``bytes.find`` instead of a regular expression tried at every offset
+    of the hierarchy; ``None`` when there is none."""
+    i = data.find(b"MOTION")
+    while i >= 0:
+        start = data.rfind(b"\n", 0, i) + 1
+        end = data.find(b"\n", i + 6)
+        end = len(data) if end < 0 else end
+        if not data[start:i].strip(b" \t") and not data[i + 6 : end].strip(b" \t"):
+            return start, end
+        i = data.find(b"MOTION", i + 6)
+    return None
+
+
 def _split_file(data: bytes, path):
     """Split LF-normalised bytes into (hierarchy text, {frames, frame_time}: (token, line), offset of the rows,
     line number of the first row)."""
-    m = _MOTION_RE.search(data)
+    m = _motion_line(data)
     if m is None:
         header = data.decode("utf-8", errors="replace")
         _parse_hierarchy(header, path)  # a broken or truncated hierarchy says where
@@ -474,8 +488,8 @@ def _split_file(data: bytes, path):
             path=path,
             item=f"line {header.count(chr(10)) + 1}",
         )
-    header = data[: m.start()].decode("utf-8", errors="replace")
-    pos = data.find(b"\n", m.end())
+    header = data[: m[0]].decode("utf-8", errors="replace")
+    pos = data.find(b"\n", m[1])
     pos = len(data) if pos < 0 else pos + 1
     line_no = data.count(b"\n", 0, pos) + 1  # 1-based number of the line starting at pos
     fields = {}
@@ -842,7 +856,8 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
     values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype, header_frames)
-    _check_magnitudes(nodes, values, layout, metres_per_unit, dtype, path)
+    offsets_file = np.array([n.offset for n in nodes], dtype=np.float64)
+    _check_magnitudes(nodes, offsets_file, values, layout, metres_per_unit, dtype, path)
     nf = values.shape[0]
     if nf != header_frames:
         warnings.warn(
@@ -854,7 +869,6 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         )
 
     parents = [n.parent for n in nodes]
-    offsets_file = np.array([n.offset for n in nodes], dtype=np.float64)
     up, up_detected, height = up_axis, False, None
 
     def build(up_: str):
@@ -952,12 +966,14 @@ def _frame_rate(token: str, path, line: int) -> tuple[float, float, bool]:
     return frame_time, rate, False
 
 
-def _check_magnitudes(nodes, values: np.ndarray, layout: _Layout, metres_per_unit: float, dtype, path) -> None:
+def _check_magnitudes(
+    nodes, offsets_file: np.ndarray, values: np.ndarray, layout: _Layout, metres_per_unit: float, dtype, path
+) -> None:
     """Refuse offsets and position channels whose joint positions could overflow ``dtype`` (inf or NaN after
     scaling to metres, or after summing down a chain of joints). Bound: the sum over nodes of the largest of
-    each node's offset and position-channel magnitudes."""
+    each node's offset (``offsets_file [nodes, 3]``) and position-channel magnitudes."""
     limit = float(np.finfo(dtype).max) / 16.0 / metres_per_unit  # in file units
-    offsets = np.abs(np.array([n.offset for n in nodes], dtype=np.float64)).max(axis=1)
+    offsets = np.abs(offsets_file).max(axis=1)
     per_node = offsets.copy()
     for i, pos in layout.pos_nodes:
         cols = [c for _, c in pos]
