@@ -28,9 +28,11 @@ Writing (:func:`save_bvh`) is atomic and round-trips through :func:`load_bvh`.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import os
 import re
+import stat
 import warnings
 from pathlib import Path
 
@@ -619,29 +621,66 @@ def _channel_quats(angles_deg: np.ndarray, order: str, out_axes: dict[str, int])
 _EULER_CHUNK = 512
 
 
+_CHANNEL_SPECS: dict[tuple[str, ...], tuple[str, tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+
+
+def _channel_spec(channels: list[str]) -> tuple[str, tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """``(rotation order, rotation channel positions, ((axis, position), ...) of the position channels)`` of one
+    node's channel keys, positions counted within the node's channels; memoised (a file repeats a few lines)."""
+    key = tuple(channels)
+    spec = _CHANNEL_SPECS.get(key)
+    if spec is None:
+        order = "".join(_ROT_CHANNELS[c] for c in key if c in _ROT_CHANNELS)
+        rot = tuple(k for k, c in enumerate(key) if c in _ROT_CHANNELS)
+        pos = tuple((_POS_CHANNELS[c], k) for k, c in enumerate(key) if c in _POS_CHANNELS)
+        spec = (order, rot, pos)
+        if len(_CHANNEL_SPECS) < 256:
+            _CHANNEL_SPECS[key] = spec
+    return spec
+
+
+_CHANNEL_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _channel_names(channels: list[str]) -> tuple[str, ...]:
+    """The file's spelling (``Xposition``...) of one node's channel keys; memoised like :func:`_channel_spec`."""
+    key = tuple(channels)
+    names = _CHANNEL_NAMES.get(key)
+    if names is None:
+        names = tuple(_CHANNEL_NAME[c] for c in key)
+        if len(_CHANNEL_NAMES) < 256:
+            _CHANNEL_NAMES[key] = names
+    return names
+
+
 class _Layout:
-    """Where each channel of each node lives in a motion row."""
+    """Where each channel of each node lives in a motion row.
+
+    ``rot_groups``: per rotation order, ``(order, node indices [J] intp, rotation columns [J, k] intp)``;
+    ``still``: the nodes without rotation channels (end sites); ``pos_nodes``: ``(node, [(axis, column)])`` of the
+    nodes with position channels."""
 
     def __init__(self, nodes: list[_Node]):
         self.num_channels = 0
-        self.rot_groups: dict[str, tuple[list[int], list[list[int]]]] = {}
+        groups: dict[str, tuple[list[int], list[list[int]]]] = {}
         self.pos_nodes: list[tuple[int, list[tuple[int, int]]]] = []  # node, [(axis, column)]
+        self.still: list[int] = []
         for i, n in enumerate(nodes):
-            rot_cols, order, pos = [], "", []
-            for c in n.channels:
-                col = self.num_channels
-                self.num_channels += 1
-                if c in _POS_CHANNELS:
-                    pos.append((_POS_CHANNELS[c], col))
-                else:
-                    order += _ROT_CHANNELS[c]
-                    rot_cols.append(col)
+            order, rot, pos = _channel_spec(n.channels)
+            base = self.num_channels
+            self.num_channels += len(n.channels)
             if order:
-                idx, cols = self.rot_groups.setdefault(order, ([], []))
+                idx, cols = groups.setdefault(order, ([], []))
                 idx.append(i)
-                cols.append(rot_cols)
+                cols.append([base + k for k in rot])
+            else:
+                self.still.append(i)
             if pos:
-                self.pos_nodes.append((i, pos))
+                self.pos_nodes.append((i, [(a, base + k) for a, k in pos]))
+        self.rot_groups = [
+            (order, np.array(idx, dtype=np.intp), np.array(cols, dtype=np.intp))
+            for order, (idx, cols) in groups.items()
+        ]
 
 
 def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, rot_dtype=np.float64):
@@ -650,13 +689,11 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
     nf = values.shape[0]
     nn = len(nodes)
     rot = np.empty((nf, nn, 4), dtype=rot_dtype)
-    groups = [(order, np.asarray(idx), np.asarray(cols)) for order, (idx, cols) in layout.rot_groups.items()]
-    still = sorted(set(range(nn)) - {int(i) for _, idx, _ in groups for i in idx})  # end sites, no rotation channel
-    if still:
-        rot[:, still] = (1.0, 0.0, 0.0, 0.0)
+    if layout.still:  # end sites, no rotation channel
+        rot[:, layout.still] = (1.0, 0.0, 0.0, 0.0)
     for s0 in range(0, nf, _EULER_CHUNK):  # chunks of frames keep the temporaries in cache
         v = values[s0 : s0 + _EULER_CHUNK]
-        for order, idx, cols in groups:
+        for order, idx, cols in layout.rot_groups:
             # float32 trig is SIMD-vectorised (~40x faster than float64 here)
             ang = v[:, cols].astype(rot_dtype, copy=False)  # [n, J, k] degrees
             rot[s0 : s0 + _EULER_CHUNK, idx] = _channel_quats(ang, order, out_axes)
@@ -774,11 +811,43 @@ def unit_from_standing_height(h: float) -> str:
 # ------------------------------------------------------------------------------------------------------
 
 
+_OUT_AXES: dict[str, dict[str, int]] = {}
+
+
+def _out_axes(up: str) -> dict[str, int]:
+    """File axis letter -> output axis index: identity for a Z-up file, ``zup_from_yup`` for a Y-up one."""
+    if up not in _OUT_AXES:
+        if up == "y":
+            _OUT_AXES[up] = {f: int(np.flatnonzero(axes.MATRIX_ZUP_FROM_YUP[:, _AXIS[f]])[0]) for f in "XYZ"}
+        else:
+            _OUT_AXES[up] = dict(_AXIS)
+    return _OUT_AXES[up]
+
+
+# no blocking on a FIFO before fstat says it is not a regular file; binary on Windows
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
 def _read_bytes(path) -> bytes:
-    p = Path(path)
-    if not p.is_file():
-        raise FileMissingError("no such BVH file", path=p)
-    return p.read_bytes()
+    """The bytes of a regular file (one open, one fstat, reads until the end); ``FileMissingError`` for a missing
+    path or anything that is not a regular file."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise FileMissingError("no such BVH file", path=Path(path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileMissingError("no such BVH file", path=Path(path))
+        parts = []
+        while True:  # one read of the whole file, then the empty read at its end (a growing file is read on)
+            chunk = os.read(fd, max(st.st_size, 1 << 16) + 1)
+            if not chunk:
+                break
+            parts.append(chunk)
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, dtype=np.float32):
@@ -856,7 +925,8 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     if dtype not in (np.float32, np.float64):
         raise FormatError(f"dtype {dtype}; expected float32 or float64", item="dtype")
     values = _parse_rows(data, rows_at, first_line, layout.num_channels, path, dtype, header_frames)
-    offsets_file = np.array([n.offset for n in nodes], dtype=np.float64)
+    offsets_file = np.fromiter(itertools.chain.from_iterable([n.offset for n in nodes]), np.float64, 3 * len(nodes))
+    offsets_file = offsets_file.reshape(len(nodes), 3)
     _check_magnitudes(nodes, offsets_file, values, layout, metres_per_unit, dtype, path)
     nf = values.shape[0]
     if nf != header_frames:
@@ -872,10 +942,7 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
     up, up_detected, height = up_axis, False, None
 
     def build(up_: str):
-        if up_ == "y":
-            out_axes = {f: int(np.flatnonzero(axes.MATRIX_ZUP_FROM_YUP[:, _AXIS[f]])[0]) for f in "XYZ"}
-        else:
-            out_axes = dict(_AXIS)
+        out_axes = _out_axes(up_)
         vec_index = tuple(out_axes[f] for f in "XYZ")  # file component a goes to output component vec_index[a]
         offsets = np.empty_like(offsets_file)
         offsets[:, list(vec_index)] = offsets_file
@@ -913,8 +980,8 @@ def load_bvh(path, *, up_axis: str = "auto", scale: float | str | None = None, d
         "fps_from_frame_time": 1.0 / frame_time,
         "fps_snapped": fps_snapped,
         "header_frames": header_frames,
-        "channels": [[_CHANNEL_NAME[c] for c in n.channels] for n in nodes],
-        "rotation_orders": ["".join(_ROT_CHANNELS[c] for c in n.channels if c in _ROT_CHANNELS) for n in nodes],
+        "channels": [list(_channel_names(n.channels)) for n in nodes],
+        "rotation_orders": [_channel_spec(n.channels)[0] for n in nodes],
         "original_names": original,
         "end_sites": [names[i] for i, n in enumerate(nodes) if n.end_site],
     }
