@@ -66,10 +66,15 @@ def mujoco_rate(path, dt: float | None, seconds: float, nthread: int = 1) -> dic
     return {"rate": done / wall, "cpu_rate": done / cpu, "z": float(states[0, -1, 1 + 2])}  # torso z after 1 s
 
 
-def ours_rate(model, n: int, seconds: float, iterations: int, compile_step: bool, solver: str) -> dict:
+def ours_rate(
+    model, n: int, seconds: float, iterations: int, compile_step: bool, solver: str, fast_path: bool = True
+) -> dict:
     """Env-steps/s (wall and per CPU-second) of our step at ``n`` worlds, the first call's time (warm-up:
-    the native FK kernel loaded or built, ``torch.compile`` when asked) and the lowest torso height."""
-    sim = ke.sim.Simulator(model, dt=DT, iterations=iterations, check_inputs=False, solver=solver)
+    the native FK kernel loaded or built, the fast path's kernel loaded or compiled, ``torch.compile`` when
+    asked) and the lowest torso height. ``fast_path=False``: the torch step alone."""
+    sim = ke.sim.Simulator(
+        model, dt=DT, iterations=iterations, check_inputs=False, solver=solver, fast_path=fast_path and not compile_step
+    )
     state = ke.sim.State.neutral(model, n)
     target = state.q.clone()
 
@@ -98,6 +103,8 @@ def ours_rate(model, n: int, seconds: float, iterations: int, compile_step: bool
             q, qd, frozen = fn(q, qd, frozen)
         done += 10 * n
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if mode == "eager":
+        mode = "fast path" if sim.fast_path and n <= sim.fast_path_max_worlds else "torch"
     return {"rate": done / wall, "cpu_rate": done / cpu, "warmup": warmup, "z": float(q[:, 2].min()), "mode": mode}
 
 
@@ -121,6 +128,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the step (CPU, opt-in; slow to compile)")
+    ap.add_argument("--compare", default="1,16", help="world counts at which the torch step is measured too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load = busy_processes(args.load)
@@ -159,6 +167,7 @@ def run(args):
         f"{', torch.compile' if args.compile else ''}; ratios per env-step against mujoco.rollout at 1/60 s "
         "(wall, and CPU time in brackets):"
     )
+    compare = {int(x) for x in args.compare.split(",") if x}
     for n in (int(x) for x in args.worlds.split(",")):
         r = ours_rate(model, n, args.seconds, args.iterations, args.compile, args.solver)
         print(
@@ -167,6 +176,12 @@ def run(args):
             f"vs 2 threads {r['rate'] / mj[2]['rate']:6.2f}x ({r['cpu_rate'] / mj[2]['cpu_rate']:5.2f}x); "
             f"first call {r['warmup']:6.2f} s ({r['mode']}); min torso z {r['z']:.2f} m"
         )
+        if n in compare and r["mode"] == "fast path":
+            t = ours_rate(model, n, args.seconds, args.iterations, False, args.solver, fast_path=False)
+            print(
+                f"          torch step : {t['rate']:10,.0f} env-steps/s wall, {t['cpu_rate']:10,.0f} per CPU-s; "
+                f"fast path / torch {r['rate'] / t['rate']:6.1f}x ({r['cpu_rate'] / t['cpu_rate']:5.1f}x)"
+            )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min)")
 
 

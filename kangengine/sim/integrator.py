@@ -58,6 +58,7 @@ from .dynamics import (
     rnea,
     spatial_inertias,
 )
+from .fast import FastStep, fast_step_available, fast_step_unsupported
 from .kinematics import compute_frames, dof_path_sums, rows, subtree_sums_
 from .model import Model, State
 from .treesolve import TreePattern
@@ -66,6 +67,9 @@ __all__ = ["Simulator", "StepResult", "LinearSolver", "cholesky_solve"]
 
 # worlds from which the tree-sparse factorisation beats a batched dense Cholesky on CPU (measured)
 _TREE_MIN_WORLDS_CPU = 256
+# worlds up to which the compiled fast path (kangengine.sim.fast) runs on CPU: it loops over worlds, while
+# the torch step's cost per world falls with the batch (measured with benchmarks/bench_sim.py)
+_FAST_MAX_WORLDS = 1 << 30
 
 
 def cholesky_solve(rhs: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
@@ -197,6 +201,8 @@ class Simulator:
         divergence_speed: float = 1e4,
         divergence_distance: float = 1e6,
         energy_correction: bool = True,
+        fast_path: bool = True,
+        fast_path_max_worlds: int = _FAST_MAX_WORLDS,
     ):
         if not dt > 0:
             raise ValueError(f"dt must be positive, got {dt}")
@@ -328,6 +334,14 @@ class Simulator:
                 f"{m.name}: a joint-space coupling row (fixed tendon or mimic joint) joins two branches of the "
                 "tree, so the tree-sparse solver cannot be used; use solver='dense'"
             )
+        # -- the CPU fast path: the same step as one compiled call (kangengine.sim.fast) --
+        self._fast = None
+        reason = "fast_path=False" if not fast_path else fast_step_unsupported(m, self) or fast_step_available()
+        if reason is None:
+            self._fast = FastStep(self)
+        self.fast_path = self._fast is not None
+        self.fast_path_reason = reason
+        self.fast_path_max_worlds = int(fast_path_max_worlds)
 
     # ------------------------------------------------------------------------------------------------
     def step(self, state: State, control: Control | None = None) -> StepResult:
@@ -347,6 +361,8 @@ class Simulator:
             m.check_state(q, qd)
             control.check(m, q.shape[0])
         w = q.shape[0]
+        if self._fast is not None and w <= self.fast_path_max_worlds and self._fast.accepts(state, control):
+            return self._fast.step(state, control)
         tree = self._use_tree(w, q.device) if control.pose_targets is None else None  # pose rows are dense
 
         # -- once per step: kinematics, inertia, bias, loads ----------------------------------------------
