@@ -650,19 +650,27 @@ def test_segment_closest_points_against_sampling():
         np.testing.assert_allclose(s0 + np.clip(along, 0, 1)[:, None] * seg, x, atol=1e-9)
 
 
-def test_smoothing_on_the_fine_pass_linearisation(walk, config):
-    """``smoothing_reuse`` (the shipped G1 configuration): the smoothing step taken on the fine pass's normal
-    equations keeps the key bodies where the smoothing pass linearised again puts them (mean within 2 %), and it
-    does smooth: the joint acceleration peak is far under that of the same solve without a smoothing pass
-    (measured on its first 200 frames: 3.73 vs 3.71 cm; 425 rad/s^2 against 290 relinearised and 2123 without)."""
-    assert config.solver.smoothing_reuse == 1 and config.solver.smoothing_iterations == 1
+def test_smoothing_pass_as_a_filter(walk, config):
+    """``smoothing_filter_only`` (the shipped G1 configuration): the low-passed fine solution, without a
+    Gauss-Newton step after it, keeps the key bodies where a smoothing step (on the fine pass's normal equations,
+    or linearised again) puts them (mean within 1 %), and it does smooth: the joint acceleration peak is far under
+    that of the same solve without a smoothing pass; the low-pass of in-limit frames stays in the limits and the
+    held feet stay held. Measured on the first 200 frames: 3.62 cm filtered, 3.62 stepped, 3.60 relinearised;
+    282 rad/s^2 filtered, 1677 without."""
+    assert config.solver.smoothing_filter_only == 1 and config.solver.smoothing_iterations == 1
     clip = walk[:200]
 
     def run(**over):
         cfg = config.replace(solver=dataclasses.replace(config.solver, **over))
         return ke.retarget.retarget_to_robot(clip, cfg).metrics
 
-    reuse, again, none = run(), run(smoothing_reuse=0), run(smoothing_iterations=0)
-    assert reuse["key_body_error_m"]["mean"] <= 1.02 * again["key_body_error_m"]["mean"]
-    assert reuse["joint_acceleration_peak_rad_s2"] < 0.5 * none["joint_acceleration_peak_rad_s2"]
-    assert reuse["floating_share"] <= 0.05 and reuse["joints_outside_limits"] == 0
+    filt, step, again = run(), run(smoothing_filter_only=0), run(smoothing_filter_only=0, smoothing_reuse=0)
+    none = run(smoothing_iterations=0)
+    for other in (step, again):
+        assert filt["key_body_error_m"]["mean"] <= 1.01 * other["key_body_error_m"]["mean"]
+    assert filt["joint_acceleration_peak_rad_s2"] < 0.5 * none["joint_acceleration_peak_rad_s2"]
+    assert filt["floating_share"] <= 0.05 and filt["joints_outside_limits"] == 0
+    assert (
+        filt["slide_beyond_source_cm_max"] <= 2.0
+        and filt["planted_speed_cm_s"] < 0.5 * filt["source_planted_speed_cm_s"]
+    )

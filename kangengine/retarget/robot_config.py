@@ -223,6 +223,7 @@ _INT_SOLVER_KEYS = (
     "coarse_iterations",
     "smoothing_iterations",
     "smoothing_reuse",
+    "smoothing_filter_only",
     "held_yaw_from_solve",
 )
 
@@ -243,6 +244,8 @@ class SolverOptions:
         smoothing_reuse: 1: a one-iteration smoothing pass reuses the fine pass's normal equations (the step
             minimises that pass's quadratic model plus the pull, no new Jacobians: one full linearisation
             fewer per clip); 0: it linearises again at the low-passed solution.
+        smoothing_filter_only: 1: the smoothing pass is the low-pass alone, no Gauss-Newton step after it (the
+            low-passed solution is the answer; ``smoothing_iterations`` and ``smoothing_reuse`` are then unused).
         contact_weight: weight of the sole points held on the ground during a contact phase.
         held_yaw_from_solve: 0: a held foot keeps the source foot's mean heading over the phase; 1: the coarse
             pass holds the soles' height only (their horizontal place weakly) and each phase's foot is then held
@@ -268,6 +271,7 @@ class SolverOptions:
     smoothing_s: float = 0.02
     smoothing_iterations: int = 2
     smoothing_reuse: int = 0
+    smoothing_filter_only: int = 0
     contact_weight: float = 20.0
     held_yaw_from_solve: int = 0
     key_weight_floor_m: float = 0.0

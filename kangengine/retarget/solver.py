@@ -14,7 +14,8 @@ with world axis ``a`` at anchor ``c`` moving point ``x``, ``dx/dq = a x (x - c)`
 * temporal smoothness: after the solve, the trajectory is low-passed on the manifold (Gaussian, within each
   clip) and solved again with a pull ``|difference(q, q_smooth)|^2`` towards it, so every frame's normal
   equations stay ``nv x nv`` (one batched Cholesky for all frames) while contacts, floor and limits keep
-  priority.
+  priority (or, with ``smoothing_filter_only``, the low-passed trajectory is the answer: a convex combination
+  of neighbouring in-limit frames stays in the limits, and a held foot, constant over its phase, stays held).
 
 The normal equations ``H = J^T W J`` are assembled per kinematic chain: the rows of the bodies of one branch
 (a leg, an arm with the torso) only depend on that branch's DOFs and the root's, so each group's Jacobian is
@@ -873,6 +874,8 @@ def solve_clip(
     q, cost, model = _iterate(q, tasks, tables, layout, options, int(options.iterations), keep_model=True)
     if options.smoothness_weight > 0 and options.smoothing_iterations > 0:
         q_smooth = smooth_on_manifold(layout, q, options.smoothing_s * fps, clips)
+        if int(getattr(options, "smoothing_filter_only", 0)):  # the low-passed solution itself, no step
+            return q_smooth, _cost(q_smooth, tasks, tables, layout)
         if reuse and model is not None and int(options.smoothing_iterations) == 1:
             return _proximal_smooth(model, q_smooth, tasks, tables, layout, options, float(options.smoothness_weight))
         if tasks.num_pairs:  # the pairs the refined motion brings near
