@@ -697,21 +697,19 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
             # float32 trig is SIMD-vectorised (~40x faster than float64 here)
             ang = v[:, cols].astype(rot_dtype, copy=False)  # [n, J, k] degrees
             rot[s0 : s0 + _EULER_CHUNK, idx] = _channel_quats(ang, order, out_axes)
+    root_t = np.empty((nf, 3))
+    root_t[:] = offsets[0]
     lt = None
-    root_t = np.broadcast_to(offsets[0], (nf, 3))
     if any(i != 0 for i, _ in layout.pos_nodes):
-        lt = np.repeat(offsets[None], nf, axis=0)
+        lt = np.empty((nf, nn, 3))
+        lt[:] = offsets
     for i, pos in layout.pos_nodes:
-        if i == 0:
-            root_t = np.repeat(offsets[0][None], nf, axis=0)
-            for a, col in pos:
-                root_t[:, vec_index[a]] = values[:, col]
-        else:
-            for a, col in pos:
-                lt[:, i, vec_index[a]] = values[:, col]
+        target = root_t if i == 0 else lt[:, i]
+        for a, col in pos:
+            target[:, vec_index[a]] = values[:, col]
     if lt is not None:
         lt[:, 0] = root_t
-    return rot, np.ascontiguousarray(root_t), lt
+    return rot, root_t, lt
 
 
 # ------------------------------------------------------------------------------------------------------
