@@ -2,12 +2,14 @@
 per FBX load against ``pyassimp.load``, all measured in the same run.
 
     python benchmarks/bench_io.py [--bvh bvh/cmu/01_01_cgspeed_hops_long.bvh]
-        [--small bvh/other/mixamo_rig_freebvh.bvh] [--repeats 15]
+        [--small bvh/other/mixamo_rig_freebvh.bvh] [--repeats 15] [--rounds 9]
 
-Reads are timed on a big (2.07 MB) and a small (0.1 MB) file, wall and CPU time (``time.process_time``), best of
-N, one thread. Peers: ``bvhio.readAsBvh`` (parse + Euler -> quaternion per joint and frame, no world transforms; the
-lightest bvhio read), ``bvhio.readAsHierarchy`` (what bvhio users call to get joint transforms),
-``bvhio.writeBvh`` (writes the container readAsBvh returns), ``pyassimp.load`` (pyassimp's own scene
+Reads are timed on a big (2.07 MB) and a small (0.1 MB) file, wall and CPU time (``time.process_time``), one
+thread, in interleaved rounds (each round: our reader ``--repeats // 3`` times each way, then the peer once), so a
+load change on a shared machine hits both sides alike; the median over all calls is the headline ratio (the best
+of each side is printed beside it). Peers: ``bvhio.readAsBvh`` (parse + Euler -> quaternion per joint and frame,
+no world transforms; the lightest bvhio read), ``bvhio.readAsHierarchy`` (what bvhio users call to get joint
+transforms), ``bvhio.writeBvh`` (writes the container readAsBvh returns), ``pyassimp.load`` (pyassimp's own scene
 reader; it cannot read the skinned Blender files with Debian's libassimp 5.2).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 import warnings
@@ -29,31 +32,45 @@ def _mb(path: Path) -> float:
     return path.stat().st_size / 1e6
 
 
-def _best(fn, repeats: int) -> tuple[float, float]:
-    """Smallest wall time and smallest CPU time (``time.process_time``) of ``repeats`` calls (seconds)."""
-    wall = cpu = float("inf")
-    for _ in range(repeats):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
-    return wall, cpu
+def _timed(fn) -> tuple[float, float]:
+    """Wall and CPU time (``time.process_time``) of one call of ``fn()`` (seconds)."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
 
 
-def _read_row(path: Path, repeats: int) -> None:
-    """One file: bvhio.readAsBvh against load_bvh (auto units and given units), wall and CPU time, same run."""
+def _read_row(path: Path, repeats: int, rounds: int) -> None:
+    """One file: bvhio.readAsBvh against load_bvh (auto units and given units), wall and CPU time, interleaved
+    rounds; medians (and bests) over all calls of each."""
     import bvhio
 
     size = _mb(path)
     motion = ke.io.load_bvh(path)  # warm-up (imports, native parser build)
-    ours = _best(lambda: ke.io.load_bvh(path), repeats)
-    fixed = _best(lambda: ke.io.load_bvh(path, up_axis="y", scale="cm"), repeats)
-    peer = _best(lambda: bvhio.readAsBvh(str(path)), max(3, repeats // 5))
-    print(f"BVH read: {path.name}, {size:.3f} MB, {motion.num_frames} frames x {motion.tree.num_nodes} nodes")
-    print(f"  bvhio.readAsBvh              : wall {peer[0] * 1e3:8.2f} ms  CPU {peer[1] * 1e3:8.2f} ms")
-    for name, t in (("ke.io.load_bvh (auto units) ", ours), ("ke.io.load_bvh (units given)", fixed)):
+    bvhio.readAsBvh(str(path))
+    each = max(1, repeats // 3)
+    times: dict[str, list[tuple[float, float]]] = {"peer": [], "auto": [], "given": []}
+    for _ in range(rounds):
+        for _ in range(each):
+            times["auto"].append(_timed(lambda: ke.io.load_bvh(path)))
+            times["given"].append(_timed(lambda: ke.io.load_bvh(path, up_axis="y", scale="cm")))
+        times["peer"].append(_timed(lambda: bvhio.readAsBvh(str(path))))
+    med = {k: tuple(statistics.median(t[i] for t in v) for i in (0, 1)) for k, v in times.items()}
+    best = {k: tuple(min(t[i] for t in v) for i in (0, 1)) for k, v in times.items()}
+    print(
+        f"BVH read: {path.name}, {size:.3f} MB, {motion.num_frames} frames x {motion.tree.num_nodes} nodes "
+        f"({rounds} rounds: {len(times['auto'])} calls of ours each way, {len(times['peer'])} of the peer)"
+    )
+    p, pb = med["peer"], best["peer"]
+    print(
+        f"  bvhio.readAsBvh              : median wall {p[0] * 1e3:8.2f} ms  CPU {p[1] * 1e3:8.2f} ms   "
+        f"(best {pb[0] * 1e3:.2f} / {pb[1] * 1e3:.2f})"
+    )
+    for key, name in (("auto", "ke.io.load_bvh (auto units) "), ("given", "ke.io.load_bvh (units given)")):
+        t, tb = med[key], best[key]
         print(
-            f"  {name} : wall {t[0] * 1e3:8.2f} ms  CPU {t[1] * 1e3:8.2f} ms  "
-            f"ratio {peer[0] / t[0]:5.1f}x wall, {peer[1] / t[1]:5.1f}x CPU  ({size / t[0]:6.1f} MB/s)"
+            f"  {name} : median wall {t[0] * 1e3:8.2f} ms  CPU {t[1] * 1e3:8.2f} ms   ratio {p[0] / t[0]:5.1f}x wall, "
+            f"{p[1] / t[1]:5.1f}x CPU  ({size / t[0]:6.1f} MB/s); best {tb[0] * 1e3:.2f} / {tb[1] * 1e3:.2f} ms, "
+            f"ratio of bests {pb[0] / tb[0]:.1f}x wall, {pb[1] / tb[1]:.1f}x CPU"
         )
 
 
@@ -61,15 +78,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bvh", default="bvh/cmu/01_01_cgspeed_hops_long.bvh", help="big BVH file under the data folder")
     ap.add_argument("--small", default="bvh/other/mixamo_rig_freebvh.bvh", help="small BVH file (about 0.1 MB)")
-    ap.add_argument("--repeats", type=int, default=15, help="best of N for our readers (the shared machine is noisy)")
+    ap.add_argument(
+        "--repeats", type=int, default=15, help="calls of our readers per file and way is this x rounds / 3"
+    )
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the BVH read rows (peer once each)")
     args = ap.parse_args()
     warnings.simplefilter("ignore", PendingDeprecationWarning)
     import bvhio
 
     print(f"one thread (pure Python peer, single-threaded native parser); {os.cpu_count()} CPUs on the machine")
     path = DATA / args.bvh
-    _read_row(path, args.repeats)
-    _read_row(DATA / args.small, args.repeats)
+    _read_row(path, args.repeats, args.rounds)
+    _read_row(DATA / args.small, args.repeats, 3 * args.rounds)  # a small file: more rounds for the same time
     motion = ke.io.load_bvh(path)
     t0 = time.perf_counter()
     bvhio.readAsHierarchy(str(path))
