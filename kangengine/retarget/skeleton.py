@@ -33,7 +33,9 @@ import enum
 import json
 import math
 import os
+import threading
 import types
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -520,6 +522,64 @@ def _tpose_of(t: _Target, spec: TPoseSpec) -> SkeletonState:
     return SkeletonState(tree, t.rest_root.copy(), R.quat_normalize(local))
 
 
+# -- quaternion algebra on clip-sized arrays -----------------------------------------------------------------
+# A clip of a batch is small (tens of frames, a few bodies per step): the cost of a quaternion product is the
+# number of numpy calls, not the arithmetic. These helpers do the products of :mod:`kangengine.rotations` through
+# its structure constants (computed once from ``rotations.quat_multiply`` on the basis quaternions: the one
+# product, not a second implementation): a product is one small matrix product and one einsum, a rotation
+# matrix one outer product and one matrix product. Same values to rounding (``~1e-16``; the tests compare them
+# with rotations.py).
+
+_BASIS = np.eye(4)
+# (a b)_i = sum_jk _HAMILTON[j, k, i] a_j b_k
+_HAMILTON = R.quat_multiply(_BASIS[:, None], _BASIS[None, :])
+# a @ _LEFT = the matrix L(a) [i, k] with (a b)_i = sum_k L(a)_ik b_k (flattened); _LEFT_CONJ: L(conj(a))
+_LEFT = np.ascontiguousarray(np.swapaxes(_HAMILTON, 1, 2)).reshape(4, 16)
+_LEFT_CONJ = np.diag([1.0, -1.0, -1.0, -1.0]) @ _LEFT
+# R(q)_ij = sum_kl q_k q_l _MATRIX[kl, ij] for unit q: the vector part of e_k (0, e_j) conj(e_l)
+_PURE = np.concatenate([np.zeros((3, 1)), np.eye(3)], axis=1)  # (0, e_j)
+_MATRIX = np.ascontiguousarray(
+    np.swapaxes(
+        R.quat_multiply(
+            R.quat_multiply(_BASIS[:, None, None], _PURE[None, None]), R.quat_conjugate(_BASIS)[None, :, None]
+        )[..., 1:],
+        2,
+        3,
+    )
+).reshape(16, 9)
+
+
+def _qmul(a: np.ndarray, b: np.ndarray, *, conj_a: bool = False) -> np.ndarray:
+    """``a * b`` (``conj(a) * b`` with ``conj_a``) of WXYZ quaternions ``[..., 4]`` (float64; broadcast)."""
+    left = (a.reshape(-1, 4) @ (_LEFT_CONJ if conj_a else _LEFT)).reshape(a.shape[:-1] + (4, 4))
+    return np.einsum("...ik,...k->...i", left, b)
+
+
+def _qmat(q: np.ndarray) -> np.ndarray:
+    """``[..., 3, 3]`` rotation matrices of unit WXYZ quaternions ``q [..., 4]`` (float64)."""
+    outer = (q[..., :, None] * q[..., None, :]).reshape(-1, 16)
+    return (outer @ _MATRIX).reshape(q.shape[:-1] + (3, 3))
+
+
+def _qaxis(axis: np.ndarray, angle: np.ndarray) -> np.ndarray:
+    """``[..., 4]`` rotations by ``angle [...]`` rad about unit axes ``axis [..., 3]`` (broadcast)."""
+    half = 0.5 * np.asarray(angle)[..., None]
+    s = np.sin(half)
+    return np.concatenate([np.cos(half) + 0.0 * s, s * axis], axis=-1)
+
+
+def _cross_matrix(v: np.ndarray) -> np.ndarray:
+    """``[..., 3, 3]`` matrices ``[v]_x`` of the cross products ``x -> v x x`` (``v [..., 3]``)."""
+    z = np.zeros(v.shape[:-1])
+    x, y, w = v[..., 0], v[..., 1], v[..., 2]
+    return np.stack([np.stack([z, -w, y], -1), np.stack([w, z, -x], -1), np.stack([-y, x, z], -1)], -2)
+
+
+def _unit(q: np.ndarray) -> np.ndarray:
+    """``q [..., 4]`` divided by its norm (float64; the norms here are ~1)."""
+    return q / np.sqrt(np.einsum("...k,...k->...", q, q))[..., None]
+
+
 # -- ground ---------------------------------------------------------------------------------------------
 
 
@@ -534,56 +594,105 @@ def _usable_geoms(desc) -> list:
     return [g for g in getattr(desc, "geoms", ()) if g.body >= 0 and g.collides and g.type in kinds]
 
 
-def _geom_bottoms(geoms, pos, rot) -> np.ndarray:
-    """``[T, G]`` lowest world z of each geom, given its body's world pose per geom: ``pos [T, G, 3]`` and
-    ``rot [T, G, 4]`` WXYZ (float64).
+def _third_rows(rot: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` third row of the rotation matrix of unit WXYZ quaternions ``rot [..., 4]`` (the world z axis
+    in the body frame: the ``z`` of a rotated vector is this row dotted with it)."""
+    outer = (rot[..., :, None] * rot[..., None, :]).reshape(-1, 16)
+    return (outer @ _MATRIX[:, 6:]).reshape(rot.shape[:-1] + (3,))
 
-    Only the third row of each body's world rotation is needed (``z`` of a rotated vector): one row per
-    body and one ``[G, 3, 3]`` constant per geom, no quaternion product per geom and frame.
-    """
-    gpos = np.array([g.pos for g in geoms], dtype=np.float64)  # [G, 3] in the body frame
-    gmat = R.quat_to_matrix(np.array([g.quat_wxyz for g in geoms], dtype=np.float64))  # [G, 3, 3]
-    size = np.array([g.size for g in geoms], dtype=np.float64)  # [G, 3]
-    w, x, y, z = (rot[..., k] for k in range(4))
-    rb = np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1)  # [T, G, 3]
-    centre_z = pos[..., 2] + (rb * gpos).sum(-1)
-    rz = rb[..., 0:1] * gmat[:, 0] + rb[..., 1:2] * gmat[:, 1] + rb[..., 2:3] * gmat[:, 2]  # row 2 of world_from_geom
-    kind = np.array([_GEOM_KINDS.index(g.type.value) for g in geoms])
-    ext = np.empty_like(centre_z)
-    for k in np.unique(kind):  # one vectorised formula per geom type present
-        c = np.flatnonzero(kind == k)
-        r, sz = rz[:, c], size[c]
-        if k == 0:  # sphere
-            ext[:, c] = sz[:, 0]
-        elif k == 1:  # capsule: half-length along its z axis, plus the radius
-            ext[:, c] = np.abs(r[..., 2]) * sz[:, 1] + sz[:, 0]
-        elif k == 2:  # cylinder
-            ext[:, c] = np.abs(r[..., 2]) * sz[:, 1] + sz[:, 0] * np.sqrt(np.clip(1 - r[..., 2] ** 2, 0, 1))
-        elif k == 3:  # box: half-sizes
-            ext[:, c] = (np.abs(r) * sz).sum(-1)
-        else:  # ellipsoid
-            ext[:, c] = np.sqrt(((r * sz) ** 2).sum(-1))
-    return centre_z - ext
+
+@dataclass(frozen=True, eq=False)
+class _GroundGeoms:
+    """What the lowest point of an articulation needs, computed once per model: its usable collision geoms
+    (:func:`_usable_geoms`) as arrays, and the bodies that carry none.
+
+    A geom's lowest world z is ``centre_z - extent`` with ``r`` the third row of ``world_from_geom``:
+    ``extent = sum_k |r_k| linear_k + radius + disc sqrt(1 - r_z^2) + |r * ellipsoid|`` (sphere: ``radius``;
+    capsule: ``|r_z| half-length + radius``; cylinder: ``|r_z| half-length + radius sqrt(1 - r_z^2)``; box:
+    ``sum |r_k| half-size_k``; ellipsoid: ``|r * semi-axes|``): one formula for every kind."""
+
+    bodies: np.ndarray  # [U] bodies that carry usable geoms
+    geom_body: np.ndarray  # [G] index into ``bodies``
+    centre: np.ndarray  # [G, 3] geom centres in their body frames
+    body_from_geom: np.ndarray  # [G, 3, 3]
+    geom_map: np.ndarray  # [G, 3, 4]: [body_from_geom | centre]: a body row r -> (r body_from_geom, r . centre)
+    linear: np.ndarray  # [G, 3]
+    radius: np.ndarray  # [G]
+    disc: np.ndarray | None  # [G] (None: no cylinder)
+    ellipsoid: np.ndarray | None  # [G, 3] semi-axes, zero for the other kinds (None: no ellipsoid)
+    bare: np.ndarray  # [B] bodies without a usable geom: their origins count
+    bare_names: tuple[str, ...]
+
+    @classmethod
+    def from_desc(cls, desc) -> _GroundGeoms | None:
+        """None if ``desc`` has no usable geom."""
+        geoms = _usable_geoms(desc)
+        if not geoms:
+            return None
+        gb = np.array([g.body for g in geoms])
+        bodies, geom_body = np.unique(gb, return_inverse=True)
+        size = np.array([g.size for g in geoms], dtype=np.float64)  # [G, 3]
+        kind = np.array([_GEOM_KINDS.index(g.type.value) for g in geoms])
+        linear = np.zeros((len(geoms), 3))
+        linear[kind == 1, 2] = size[kind == 1, 1]  # capsule and cylinder: half-length along the geom's z
+        linear[kind == 2, 2] = size[kind == 2, 1]
+        linear[kind == 3] = size[kind == 3]  # box: half-sizes
+        radius = np.where((kind == 0) | (kind == 1), size[:, 0], 0.0)
+        disc = np.where(kind == 2, size[:, 0], 0.0) if (kind == 2).any() else None
+        ellipsoid = np.where((kind == 4)[:, None], size, 0.0) if (kind == 4).any() else None
+        bare = np.array(sorted(set(range(len(desc.bodies))) - set(gb.tolist())), dtype=np.int64)
+        centre = np.array([g.pos for g in geoms], dtype=np.float64)
+        mats = R.quat_to_matrix(np.array([g.quat_wxyz for g in geoms], dtype=np.float64))
+        return cls(
+            bodies=bodies,
+            geom_body=geom_body,
+            centre=centre,
+            body_from_geom=mats,
+            geom_map=np.concatenate([mats, centre[:, :, None]], axis=2),
+            linear=linear,
+            radius=radius,
+            disc=disc,
+            ellipsoid=ellipsoid,
+            bare=bare,
+            bare_names=tuple(desc.bodies[b].name for b in bare),
+        )
+
+    def lowest(self, body_pos: np.ndarray, body_rot: np.ndarray) -> np.ndarray:
+        """``[frames]`` lowest world z (m) over the geoms and the bare bodies' origins, from the bodies' world
+        poses ``body_pos [frames, n, 3]`` m and ``body_rot [frames, n, 4]`` WXYZ (unit; float64)."""
+        rows = _third_rows(body_rot[:, self.bodies])[:, self.geom_body].swapaxes(0, 1)  # [G, T, 3]
+        out = rows @ self.geom_map  # [G, T, 4]: third row of world_from_geom, then the centre's height offset
+        centre_z = body_pos[:, self.bodies[self.geom_body], 2].T + out[..., 3]
+        extent = (np.abs(out[..., :3]) * self.linear[:, None]).sum(-1) + self.radius[:, None]
+        if self.disc is not None:
+            extent += self.disc[:, None] * np.sqrt(np.clip(1 - out[..., 2] ** 2, 0, 1))
+        if self.ellipsoid is not None:
+            extent += np.sqrt(((out[..., :3] * self.ellipsoid[:, None]) ** 2).sum(-1))
+        low = (centre_z - extent).min(axis=0)
+        if len(self.bare):
+            low = np.minimum(low, body_pos[:, self.bare, 2].min(axis=1))
+        return low
 
 
 def _lowest_points(desc, body_pos, body_rot) -> tuple[np.ndarray, tuple[str, ...]] | None:
     """``[frames]`` lowest world z over the collision geoms of ``desc`` and the origins of bodies that carry
     no usable collision geom (a foot without geometry still touches the ground at its origin), and the names
-    of those bodies; None if the model has no usable geom at all."""
-    geoms = _usable_geoms(desc)
-    if not geoms:
+    of those bodies; None if the model has no usable geom at all. ``body_pos [frames, n, 3]`` m and
+    ``body_rot [frames, n, 4]`` WXYZ: the bodies' world poses."""
+    ground = _GroundGeoms.from_desc(desc)
+    if ground is None:
         return None
-    gb = np.array([g.body for g in geoms])
-    body_pos = np.asarray(body_pos, dtype=np.float64)
-    low = _geom_bottoms(geoms, body_pos[:, gb], np.asarray(body_rot, dtype=np.float64)[:, gb]).min(axis=1)
-    bare = sorted(set(range(body_pos.shape[1])) - set(gb.tolist()))
-    if bare:
-        low = np.minimum(low, body_pos[:, bare, 2].min(axis=1))
-    return low, tuple(desc.bodies[b].name for b in bare)
+    low = ground.lowest(np.asarray(body_pos, dtype=np.float64), np.asarray(body_rot, dtype=np.float64))
+    return low, ground.bare_names
 
 
 _STANCE_HEIGHT = 0.03  # m above the foot's lowest point over the clip
 _STANCE_SPEED = 0.3  # m/s, horizontal speed of the foot body origin
+_PITCH_RANGE = 0.6  # rad: the level pitch is looked for within +-34 degrees
+# bisection steps, then one linear interpolation: the final bracket is 1.2 / 2**20 = 1.1e-6 rad wide, the error
+# at most that where the median switches frames inside it (2e-7 m at the toes), ~1e-12 rad where it is smooth
+_PITCH_STEPS = 20
+_PITCH_STEPS_PER_CALL = 4  # steps decided by one evaluation on the 2**4 - 1 points they can visit
 
 
 def _sole_points(geoms) -> tuple[np.ndarray, np.ndarray]:
@@ -608,171 +717,267 @@ def _sole_points(geoms) -> tuple[np.ndarray, np.ndarray]:
         else:
             pts.append(c)
             rad.append(sz[0] if g.type is GeomType.SPHERE else 0.0)
-    return np.array(pts), np.array(rad)
+    return np.array(pts).reshape(-1, 3), np.array(rad)
 
 
 @dataclass(frozen=True, eq=False)
-class _FootPose:
-    """A foot (body ``fi``) and its toe (body ``ti`` or None) over a clip, with their sole points."""
+class _Feet:
+    """What ``level_feet`` needs of a target, computed once: the feet that have sole geoms, and every sole point
+    of them (foot by foot: the foot body's points, then its toe's) in its body's frame."""
 
-    pos: np.ndarray  # [T, n, 3] world body origins
-    rot: np.ndarray  # [T, n, 4] WXYZ world_from_body
-    local: np.ndarray  # [T, n, 4] WXYZ parent_from_body
-    fi: int
-    ti: int | None
-    foot_points: np.ndarray  # [P, 3] in the foot frame
-    toe_points: np.ndarray  # [Q, 3] in the toe frame
-    toe_offset: np.ndarray | None  # [3] toe origin in the foot frame
+    names: tuple[str, ...]  # [F] feet to level
+    foot: np.ndarray  # [F] body index
+    toe: np.ndarray  # [F] toe body index (-1: none)
+    point_body: np.ndarray  # [P] body of each sole point
+    matrix_body: np.ndarray  # [B] the feet (first, in order), then the toes that carry sole points
+    point_matrix: np.ndarray  # [P] each point's body in ``matrix_body``
+    point_row: np.ndarray  # [F, Pmax] each foot's points (padded with its last point)
+    point_valid: np.ndarray  # [F, Pmax] bool: not padding
+    point_mean_weight: np.ndarray  # [F, Pmax]: 1 / (the foot's point count), 0 on padding
+    has_toe_points: np.ndarray  # [F] bool
+    toe_or_foot: np.ndarray  # [F] the toe body, or the foot where there is none
+    point_local: np.ndarray  # [P, 3] m, in that body's frame
+    radius: np.ndarray  # [P] m (contact z = point z - radius)
+    start: np.ndarray  # [F + 1] each foot's first point (``start[F] = P``)
+    on_foot: np.ndarray  # [F] points on the foot body (the others are on the toe)
+    toe_offset: np.ndarray  # [F, 3] m, toe origin in the foot frame (zeros: no toe)
+    subtree: np.ndarray  # bodies at and below each foot, foot by foot
+    subtree_foot: np.ndarray  # [len(subtree)] which foot (index into ``names``)
+    skipped: Mapping[str, str]  # feet left as they are, and why
 
-    def sole(self, frames, axis=None, theta=0.0) -> np.ndarray:
-        """``[F, P + Q, 3]`` world sole points at ``frames``, the foot pitched by ``theta`` about ``axis`` (foot
-        frame; ``None``: as it is); ``theta [K]`` (an array) gives ``[K, F, P + Q, 3]``, one pitch per row."""
-        gf = self.rot[frames, self.fi]
-        origin = self.pos[frames, self.fi]
-        if axis is not None:
-            pitch = R.quat_from_axis_angle(axis, theta)
-            if np.ndim(theta):  # [K] pitches at once: [K, F, ...]
-                gf, pitch, origin = gf[None], pitch[:, None], np.broadcast_to(origin, (len(pitch),) + origin.shape)
-            gf = R.quat_multiply(gf, pitch)
-        out = [origin[..., None, :] + R.quat_rotate(gf[..., None, :], self.foot_points)]
-        if len(self.toe_points):
-            gt = R.quat_multiply(gf, self.local[frames, self.ti])
-            pt = origin + R.quat_rotate(gf, self.toe_offset)
-            out.append(pt[..., None, :] + R.quat_rotate(gt[..., None, :], self.toe_points))
-        return np.concatenate(out, axis=-2)
+    @classmethod
+    def from_target(cls, desc, tree: SkeletonTree, pairs) -> _Feet:
+        geoms = _usable_geoms(desc)
+        names, foot, toe, body, local, radius, start, on_foot, offset, skipped = [], [], [], [], [], [], [0], [], [], {}
+        for f, t in pairs:
+            _check_names([f] + ([t] if t else []), tree, "target", None)
+            fi = tree.index(f)
+            ti = tree.index(t) if t else -1
+            fp, fr = _sole_points([g for g in geoms if g.body == fi])
+            tp, tr = _sole_points([g for g in geoms if ti >= 0 and g.body == ti])
+            if len(fp) == 0:  # nothing to level: left as it is, and said so
+                skipped[f] = "the foot has no collision geom"
+                continue
+            names.append(f)
+            foot.append(fi)
+            toe.append(ti)
+            body += [fi] * len(fp) + [ti] * len(tp)
+            local += [fp, tp]
+            radius += [fr, tr]
+            start.append(start[-1] + len(fp) + len(tp))
+            on_foot.append(len(fp))
+            offset.append(tree.local_translation[ti] if ti >= 0 else np.zeros(3))
+        parents = tree.parent_indices
+        below = [[fi] for fi in foot]
+        for k in range(tree.num_nodes):  # parent-first: a body is below a foot if its parent is
+            for sub in below:
+                if parents[k] in sub and k not in sub:
+                    sub.append(k)
+        matrix_body = list(foot) + sorted(set(body) - set(foot))
+        counts = np.diff(start)
+        width = max(1, int(counts.max())) if len(counts) else 1
+        row = np.array([[start[f] + min(j, max(c - 1, 0)) for j in range(width)] for f, c in enumerate(counts)])
+        valid = np.arange(width)[None] < counts[:, None]
+        return cls(
+            names=tuple(names),
+            foot=np.array(foot, dtype=np.int64),
+            toe=np.array(toe, dtype=np.int64),
+            point_body=np.array(body, dtype=np.int64),
+            matrix_body=np.array(matrix_body, dtype=np.int64),
+            point_matrix=np.array([matrix_body.index(k) for k in body], dtype=np.int64),
+            point_row=row.reshape(len(counts), width).astype(np.int64),
+            point_valid=valid,
+            point_mean_weight=valid / np.maximum(counts, 1)[:, None],
+            has_toe_points=counts > np.array(on_foot, dtype=np.int64).reshape(-1),
+            toe_or_foot=np.array([t if t >= 0 else f for f, t in zip(foot, toe)], dtype=np.int64),
+            point_local=np.concatenate(local) if local else np.zeros((0, 3)),
+            radius=np.concatenate(radius) if radius else np.zeros(0),
+            start=np.array(start, dtype=np.int64),
+            on_foot=np.array(on_foot, dtype=np.int64),
+            toe_offset=np.array(offset, dtype=np.float64).reshape(-1, 3),
+            subtree=np.array([b for sub in below for b in sub], dtype=np.int64),
+            subtree_foot=np.array([i for i, sub in enumerate(below) for _ in sub], dtype=np.int64),
+            skipped=types.MappingProxyType(skipped),
+        )
 
 
-def _bisection_points(lo: float, hi: float, depth: int) -> list[float]:
-    """Every midpoint a ``depth``-step bisection of ``[lo, hi]`` can visit, computed as the bisection computes
-    them (``0.5 * (lo + hi)`` down each branch): ``2**depth - 1`` points."""
-    if depth == 0:
-        return []
-    mid = 0.5 * (lo + hi)
-    return [mid] + _bisection_points(lo, mid, depth - 1) + _bisection_points(mid, hi, depth - 1)
+def _walking_direction(pts: np.ndarray, toe_minus_foot: np.ndarray | None) -> np.ndarray:
+    """``[2]`` unit horizontal direction of the longest extent of the sole points ``pts [S, P, 3]`` (each frame's
+    points about their mean: the principal axis, closed form of the 2x2 scatter), pointing to the toe
+    (``toe_minus_foot [S, 2]``, the toe origin relative to the foot's); without a toe, the first right singular
+    vector as ``np.linalg.svd`` gives it."""
+    xy = pts[..., :2] - pts[..., :2].mean(axis=1, keepdims=True)
+    if toe_minus_foot is None:
+        return np.linalg.svd(xy.reshape(-1, 2), full_matrices=False)[2][0]
+    c = np.einsum("spi,spj->ij", xy, xy)
+    angle = 0.5 * math.atan2(2.0 * c[0, 1], c[0, 0] - c[1, 1])
+    forward = np.array([math.cos(angle), math.sin(angle)])
+    return -forward if float(np.mean(toe_minus_foot @ forward)) < 0 else forward
 
 
-def _bisect(f, lo: float, hi: float, f_lo: float, *, steps: int, per_call: int = 4) -> float:
-    """The midpoint of the final bracket of ``steps`` bisection steps on ``f`` (``f(lo) = f_lo`` and ``f(hi)``
-    of different signs), the same steps a one-point-at-a-time bisection takes: ``f`` is called on the
-    ``2**per_call - 1`` points the next ``per_call`` steps can visit at once (``f([K]) -> [K]``), and the steps
-    then walk them (one vectorised call replaces ``per_call`` sequential ones)."""
+def _tilt_coefficients(R_foot, origin_z, pair_foot, radii, axis) -> np.ndarray:
+    """``[3, T, F]``: the rear-minus-front sole height of each foot ``F`` at each frame ``T`` as
+    ``k0 + k1 cos(theta) + k2 sin(theta)`` of the foot's pitch ``theta`` about ``axis [F, 3]`` (unit, foot frame),
+    from the feet's world rotations ``R_foot [T, F, 3, 3]``, their origin heights ``origin_z [T, F]`` and the two
+    sole points ``pair_foot [T, F, 2, 3]`` in the foot frame (rear, front; radii ``[F, 2]``).
+
+    A point ``v`` of the foot frame pitched by ``theta`` is ``v cos + (a x v) sin + a (a.v)(1 - cos)``
+    (Rodrigues), so its world height is ``k0 + k1 cos + k2 sin`` with ``g`` the world up axis in the foot frame
+    (the third row of ``R_foot``): ``k0 = oz + (g.a)(a.v) - radius``, ``k1 = g.v - (g.a)(a.v)``,
+    ``k2 = g.(a x v) = v.(g x a)``."""
+    g = R_foot[..., 2, :]  # [T, F, 3]
+    ga = np.einsum("tfk,fk->tf", g, axis)[..., None]
+    av = np.einsum("tfqk,fk->tfq", pair_foot, axis)  # [T, F, 2]
+    k0 = origin_z[..., None] + ga * av - radii
+    k1 = np.einsum("tfk,tfqk->tfq", g, pair_foot) - ga * av
+    g_x_a = -np.einsum("tfj,fij->tfi", g, _cross_matrix(axis))  # g x a = -(a x g)
+    k2 = np.einsum("tfk,tfqk->tfq", g_x_a, pair_foot)
+    k = np.stack([k0, k1, k2])  # [3, T, F, 2]
+    return k[..., 0] - k[..., 1]
+
+
+def _median_tilt(coef: np.ndarray, count: np.ndarray):
+    """``f(theta [L, K]) -> [L, K]``: per row ``l``, the median over its ``count[l]`` stance frames of
+    ``k0 + k1 cos(theta) + k2 sin(theta)`` (``coef [L, 3, Smax]``, padded with ``k0 = +inf``, ``k1 = k2 = 0``:
+    the padding sorts last and leaves the lower order statistics alone). Equal to ``np.median`` of the row's own
+    frames (the same middle elements, the same mean of the middle pair)."""
+    rows = np.arange(len(count))[:, None]
+    lo, hi = ((count - 1) // 2)[:, None], (count // 2)[:, None]
+    kth = np.unique(np.concatenate([lo.ravel(), hi.ravel()]))
+    k0, k1, k2 = coef[:, 0, None, :], coef[:, 1, None, :], coef[:, 2, None, :]
+
+    def f(theta):
+        d = k0 + np.cos(theta)[..., None] * k1 + np.sin(theta)[..., None] * k2
+        d = np.partition(d, kth, axis=-1)
+        cols = np.arange(d.shape[1])[None]
+        return 0.5 * (d[rows, cols, lo] + d[rows, cols, hi])
+
+    return f
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _bisect_rows(f, lo, hi, f_lo, f_hi, *, steps: int, per_call: int) -> np.ndarray:
+    """``[L]``: a root of each row of ``f`` (``f(theta [L, K]) -> [L, K]``) in ``[lo, hi]`` (``[L]`` each, with
+    ``f_lo``, ``f_hi`` of different signs): ``steps`` bisection steps, ``f`` evaluated once per ``per_call`` steps
+    on the ``2**per_call - 1`` grid points those steps can visit (the steps then walk the grid, taking the
+    decisions a one-point-at-a-time bisection takes), then the zero of the line through the final bracket's ends
+    (within the bracket: exact to the bracket's width squared where ``f`` is smooth there)."""
+    lo, hi = [float(x) for x in lo], [float(x) for x in hi]
+    f_lo, f_hi = [float(x) for x in f_lo], [float(x) for x in f_hi]
     done = 0
     while done < steps:
         k = min(per_call, steps - done)
-        pts = _bisection_points(lo, hi, k)
-        value = dict(zip(pts, np.asarray(f(np.array(pts)), dtype=np.float64).tolist()))
-        for _ in range(k):
-            mid = 0.5 * (lo + hi)
-            f_mid = value[mid]
-            if np.sign(f_mid) == np.sign(f_lo):
-                lo, f_lo = mid, f_mid
-            else:
-                hi = mid
+        n = 2**k
+        grid = np.asarray(lo)[:, None] + (np.asarray(hi) - np.asarray(lo))[:, None] * (np.arange(1, n) / n)
+        values = f(grid).tolist()
+        grid = grid.tolist()
+        for i, row in enumerate(values):
+            a, b, fa, fb = 0, n, f_lo[i], f_hi[i]
+            for _ in range(k):
+                m = (a + b) // 2
+                if _sign(row[m - 1]) == _sign(fa):
+                    a, fa = m, row[m - 1]
+                else:
+                    b, fb = m, row[m - 1]
+            lo[i], hi[i] = (grid[i][a - 1] if a else lo[i]), (grid[i][b - 1] if b < n else hi[i])
+            f_lo[i], f_hi[i] = fa, fb
         done += k
-    return 0.5 * (lo + hi)
+    lo, hi, f_lo, f_hi = (np.array(x) for x in (lo, hi, f_lo, f_hi))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(f_hi != f_lo, f_lo / (f_lo - f_hi), 0.5)
+    return lo + np.clip(t, 0.0, 1.0) * (hi - lo)
 
 
-class _TiltCurve:
-    """The median rear-minus-front sole height over the stance frames ``S`` as a function of the foot's pitch
-    ``theta`` about ``axis`` (foot frame), in closed form: a point ``v`` of the foot frame pitched by ``theta``
-    is ``v cos + (a x v) sin + a (a.v)(1 - cos)`` (Rodrigues), so its world height is
-    ``k0 + k1 cos(theta) + k2 sin(theta)`` with ``g`` the world up axis in the foot frame: ``k0 = oz + (g.a)(a.v)``,
-    ``k1 = g.v - (g.a)(a.v)``, ``k2 = g.(a x v)`` (a toe point: ``v`` = toe offset + the toe's local rotation
-    of the point). Per frame the difference of the rear and front points is one sinusoid ``[S, 3]``; a call
-    costs one ``[K, S]`` evaluation and median instead of rotating every sole point at every pitch. Equal to
-    ``median(_FootPose.sole(S, axis, theta)[..., 2] - radii)`` differences up to rounding (``~1e-15`` m) for
-    unit quaternions; the rotations are normalised here (a float32 clip's are unit to ~1e-7 only, which moved
-    the sole-point form's pitch by up to ~1e-7 rad)."""
-
-    def __init__(self, pose: _FootPose, S, axis, rear: int, front: int, radii):
-        a = np.asarray(axis, dtype=np.float64)
-        g = R.quat_rotate_inverse(R.quat_normalize(pose.rot[S, pose.fi]), np.array([0.0, 0.0, 1.0]))  # [S, 3]
-        ga = g @ a
-        P = len(pose.foot_points)
-        coef = []
-        for i in (rear, front):
-            if i < P:
-                v = np.broadcast_to(pose.foot_points[i], g.shape)
-            else:
-                v = pose.toe_offset + R.quat_rotate(R.quat_normalize(pose.local[S, pose.ti]), pose.toe_points[i - P])
-            av = v @ a
-            k0 = pose.pos[S, pose.fi, 2] + ga * av - radii[i]
-            k1 = np.einsum("sk,sk->s", g, v) - ga * av
-            k2 = np.einsum("sk,sk->s", g, np.cross(a, v))
-            coef.append(np.stack([k0, k1, k2]))
-        self.k = coef[0] - coef[1]  # [3, S]
-
-    def __call__(self, theta):
-        """Median height difference (m) at ``theta`` (a float), or ``[K]`` for ``theta [K]`` (rad)."""
-        t = np.asarray(theta, dtype=np.float64)
-        k0, k1, k2 = self.k
-        d = k0 + np.cos(t)[..., None] * k1 + np.sin(t)[..., None] * k2
-        m = np.median(d, axis=-1)
-        return float(m) if np.ndim(theta) == 0 else m
-
-
-def _level_feet(desc, tree, root, local, fps, pairs) -> tuple[np.ndarray, dict, dict]:
-    """``local [T, n, 4]`` with each foot's constant sole-levelling pitch applied (see
-    ``RetargetConfig.level_feet``), ``{foot: degrees}``, and ``{foot: why}`` for the feet left as they were
-    (no collision geom on the foot).
+def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray, fps: float) -> dict:
+    """Each foot's constant sole-levelling pitch (see ``RetargetConfig.level_feet``), applied in place to the
+    local rotations ``local [T, n, 4]`` and to the world poses ``pos [T, n, 3]``, ``rot [T, n, 4]`` (the foot and
+    the bodies below it; all float64); returns ``{foot: degrees}``.
 
     In the frames where the foot stands (low and slow), the rearmost and the frontmost sole points (of the
     foot's and the toe's collision geoms, along the foot's walking direction) are brought to the same height
-    by one pitch of the foot about its lateral axis, found by bisection on the median height difference.
+    by one pitch of the foot about its lateral axis: the zero of the median height difference over those frames,
+    found by bisection on its closed form (:func:`_tilt_coefficients`). Every foot at once: the stance frames
+    are weights (``[T, F]``) and the points of each foot a padded row (``[F, Pmax]``).
     """
-    motion = SkeletonMotion(tree, root, local, fps, skip_checks=True)
-    pos = np.asarray(motion.global_translation, dtype=np.float64)
-    rot = np.asarray(motion.global_rotation, dtype=np.float64)
-    geoms = _usable_geoms(desc)
-    local = local.copy()
-    angles, skipped = {}, {}
-    for foot, toe in pairs:
-        _check_names([foot] + ([toe] if toe else []), tree, "target", None)
-        fi = tree.index(foot)
-        ti = tree.index(toe) if toe else None
-        foot_p, foot_r = _sole_points([g for g in geoms if g.body == fi])
-        toe_p, toe_r = _sole_points([g for g in geoms if ti is not None and g.body == ti])
-        if len(foot_p) == 0:  # nothing to level: left as it is, and said so
-            skipped[foot] = "the foot has no collision geom"
-            continue
-        toe_t = np.asarray(tree.local_translation[ti], dtype=np.float64) if ti is not None else None
-        radii = np.concatenate([foot_r, toe_r])
-
-        foot_pose = _FootPose(pos, rot, local, fi, ti, foot_p, toe_p, toe_t)
-        every = np.arange(len(pos))
-        every_pts = foot_pose.sole(every)
-        z = every_pts[..., 2] - radii
-        low = z.min(axis=1)
-        speed = np.zeros(len(pos))
-        if len(pos) > 1:
-            v = np.linalg.norm(np.diff(pos[:, fi, :2], axis=0), axis=-1) * fps
-            speed = np.maximum(np.r_[v, v[-1]], np.r_[v[0], v])
-        S = np.flatnonzero((low < low.min() + _STANCE_HEIGHT) & (speed < _STANCE_SPEED))
-        pts = every_pts[S]  # the stance frames' sole points (frames are computed independently)
-        span = pts[..., :2] - pts[..., :2].mean(axis=1, keepdims=True)
-        if len(S) < 3 or len(radii) < 2:
-            angles[foot] = 0.0
-            continue
-        # walking direction of the sole: its longest horizontal extent (principal axis), front = toe side
-        _, _, vt = np.linalg.svd(span.reshape(-1, 2), full_matrices=False)
-        forward = np.array([vt[0, 0], vt[0, 1], 0.0])
-        if len(toe_p) and np.mean((pos[S, ti, :2] - pos[S, fi, :2]) @ forward[:2]) < 0:
-            forward = -forward
-        along = np.einsum("fpk,k->fp", pts, forward)
-        rear, front = int(np.argmin(along.mean(0))), int(np.argmax(along.mean(0)))
-        axis = R.quat_rotate_inverse(rot[S, fi], np.cross([0.0, 0.0, 1.0], forward)).mean(axis=0)
-        axis /= np.linalg.norm(axis)
-
-        tilt = _TiltCurve(foot_pose, S, axis, rear, front, radii)
-        lo, hi = -0.6, 0.6
-        f_lo = tilt(lo)
-        if np.sign(f_lo) == np.sign(tilt(hi)):  # no level pitch within +-34 degrees: leave the foot
-            angles[foot] = 0.0
-            continue
-        theta = _bisect(tilt, lo, hi, f_lo, steps=40)  # to ~1e-12 rad
-        local[:, fi] = R.quat_multiply(local[:, fi], R.quat_from_axis_angle(axis, theta))
-        angles[foot] = float(np.degrees(theta))
-    return local, angles, skipped
+    nf = len(feet.names)
+    if not nf:
+        return {}
+    mats = _qmat(rot[:, feet.matrix_body])  # [T, B, 3, 3] world_from_body of the feet, then the toes
+    world = pos[:, feet.point_body] + np.einsum("tpij,pj->tpi", mats[:, feet.point_matrix], feet.point_local)
+    low = np.minimum.reduceat(world[..., 2] - feet.radius, feet.start[:-1], axis=1)  # [T, F]
+    foot_pos = pos[:, feet.foot]  # [T, F, 3]
+    speed = np.zeros(low.shape)
+    if len(pos) > 1:
+        v = np.linalg.norm(np.diff(foot_pos[..., :2], axis=0), axis=-1) * fps  # [T - 1, F]
+        speed = np.maximum(np.concatenate([v, v[-1:]]), np.concatenate([v[:1], v]))
+    stance = (low < low.min(axis=0) + _STANCE_HEIGHT) & (speed < _STANCE_SPEED)  # [T, F]
+    count = stance.sum(axis=0)
+    angles = dict.fromkeys(feet.names, 0.0)
+    if not ((count >= 3) & (feet.start[1:] - feet.start[:-1] >= 2)).any():
+        return angles
+    weight = stance / np.maximum(count, 1)  # [T, F]: means over each foot's stance frames
+    pts = world[:, feet.point_row]  # [T, F, Pmax, 3], each foot's points (padding repeats a point, weight 0)
+    valid = feet.point_valid  # [F, Pmax]
+    # walking direction: the principal axis of the sole points about each frame's mean, toward the toe
+    xy = pts[..., :2] - (pts[..., :2] * feet.point_mean_weight[..., None]).sum(axis=2, keepdims=True)
+    xy = xy * valid[..., None]
+    cov = np.einsum("tf,tfpi,tfpj->fij", weight, xy, xy)
+    angle = 0.5 * np.arctan2(2.0 * cov[:, 0, 1], cov[:, 0, 0] - cov[:, 1, 1])
+    forward = np.stack([np.cos(angle), np.sin(angle)], axis=-1)  # [F, 2]
+    toe_side = np.einsum("tf,tfi,fi->f", weight, pos[:, feet.toe_or_foot, :2] - foot_pos[..., :2], forward)
+    forward = np.where((toe_side < 0)[:, None], -forward, forward)
+    for f in np.flatnonzero(~feet.has_toe_points & (count >= 3)):  # no toe to point at: as np.linalg.svd gives it
+        S = np.flatnonzero(stance[:, f])
+        forward[f] = _walking_direction(world[S, feet.start[f] : feet.start[f + 1]], None)
+    along = np.einsum("tf,tfpi,fi->fp", weight, pts[..., :2], forward)
+    rear = np.argmin(np.where(valid, along, np.inf), axis=1)
+    front = np.argmax(np.where(valid, along, -np.inf), axis=1)
+    R_foot = mats[:, :nf]  # [T, F, 3, 3]
+    lateral = np.stack([-forward[:, 1], forward[:, 0], np.zeros(nf)], axis=-1)
+    axis = np.einsum("tf,fi,tfij->fj", weight, lateral, R_foot)  # the lateral axis in the foot frame
+    axis /= np.linalg.norm(axis, axis=-1, keepdims=True)
+    feet_i = np.arange(nf)
+    pair = np.stack([pts[:, feet_i, rear], pts[:, feet_i, front]], axis=2)  # [T, F, 2, 3] rear, front
+    pair_foot = np.einsum("tfji,tfqj->tfqi", R_foot, pair - foot_pos[:, :, None])  # in the foot frame
+    radii = feet.radius[feet.point_row[feet_i[:, None], np.stack([rear, front], axis=-1)]]  # [F, 2]
+    k = _tilt_coefficients(R_foot, foot_pos[..., 2], pair_foot, radii, axis)  # [3, T, F]
+    rows = np.flatnonzero((count >= 3) & (feet.start[1:] - feet.start[:-1] >= 2))
+    pad = np.array([np.inf, 0.0, 0.0])[:, None, None]
+    coef = np.where(stance.T[rows][None], k[:, :, rows].transpose(0, 2, 1), pad).transpose(1, 0, 2)  # [L, 3, T]
+    tilt = _median_tilt(coef, count[rows])
+    ends = tilt(np.array([[-_PITCH_RANGE, _PITCH_RANGE]] * len(rows)))
+    theta = _bisect_rows(
+        tilt,
+        [-_PITCH_RANGE] * len(rows),
+        [_PITCH_RANGE] * len(rows),
+        ends[:, 0],
+        ends[:, 1],
+        steps=_PITCH_STEPS,
+        per_call=_PITCH_STEPS_PER_CALL,
+    )
+    sel = np.flatnonzero(np.sign(ends[:, 0]) != np.sign(ends[:, 1]))  # else no level pitch within range: left
+    if not len(sel):
+        return angles
+    levelled, axis, theta = rows[sel], axis[rows[sel]], theta[sel]
+    fis = feet.foot[levelled]
+    local[:, fis] = _qmul(local[:, fis], _qaxis(axis, theta))
+    # the world poses at and below each levelled foot turn by world_from_foot * pitch * foot_from_world: the
+    # pitch about the foot's axis in world coordinates
+    which = np.full(nf, -1)
+    which[levelled] = np.arange(len(levelled))
+    keep = which[feet.subtree_foot] >= 0
+    sub, slot = feet.subtree[keep], which[feet.subtree_foot[keep]]
+    axis_world = np.einsum("tlij,lj->tli", mats[:, levelled], axis)  # [T, L, 3]
+    turn = _qaxis(axis_world, np.broadcast_to(theta, axis_world.shape[:2]))[:, slot]  # [T, B, 4]
+    origin = pos[:, fis][:, slot]
+    rot[:, sub] = _qmul(turn, rot[:, sub])
+    pos[:, sub] = origin + np.einsum("tbij,tbj->tbi", _qmat(turn), pos[:, sub] - origin)
+    for i, t in zip(levelled, theta):
+        angles[feet.names[i]] = float(np.degrees(t))
+    return angles
 
 
 # -- articulation-aware steps ------------------------------------------------------------------------------
@@ -894,58 +1099,111 @@ def _hinge_plan(art: _Articulation, mapped: np.ndarray) -> list[_HingeStep]:
     return steps
 
 
-def _project_hinges(G: np.ndarray, art: _Articulation, steps: Sequence[_HingeStep]) -> list[_HingeStep]:
-    """In place on world rotations ``G [T, N, 4]``: every step of :func:`_hinge_plan` at once (see
-    ``RetargetConfig.project_hinges``); returns the steps applied (those whose hinge can bend the child bone).
+@dataclass(frozen=True, eq=False)
+class _Hinges:
+    """The constants of :func:`_apply_hinges` for a list of :class:`_HingeStep` (those whose hinge can bend the
+    child bone), computed once per target: per step ``s``, the parent and body positions in the node axis of
+    the world rotations they are applied to, and the step's geometry (Python-float formulas of one step, as
+    arrays over the steps)."""
+
+    steps: tuple[_HingeStep, ...]
+    parent: np.ndarray  # [S] node of the parent in G
+    body: np.ndarray  # [S] node of the hinge body in G
+    rest: np.ndarray  # [S, 4] rest parent_from_body rotation
+    bone: np.ndarray  # [S, 3] unit parent -> body bone, parent frame
+    bone_cross: np.ndarray  # [S, 3, 3]: x -> bone x x
+    child: np.ndarray  # [S, 3] body -> child bone, body frame
+    axis: np.ndarray  # [S, 3] hinge axis, body frame
+    twist: np.ndarray  # [S, 4, 2]: parent_from_body -> (w, xyz . axis) of the joint rotation rest^-1 parent_from_body
+    C: np.ndarray  # [S]
+    rho: np.ndarray  # [S]
+    base: np.ndarray  # [S]
+    lo: np.ndarray  # [S] limits relative to ref (rad)
+    hi: np.ndarray  # [S]
+
+    @classmethod
+    def from_steps(cls, art: _Articulation, steps: Sequence[_HingeStep], node=None) -> _Hinges | None:
+        """``node``: ``[n]`` position of each body in G's node axis (default: the body index); None if no step
+        can bend its child bone."""
+        rows = []
+        for st in steps:  # per-step constants (Python floats, as the one-step formulas)
+            rest = art.quat[st.body]
+            u = art.pos[st.body] / np.linalg.norm(art.pos[st.body])  # parent -> body bone, parent frame
+            d = art.pos[st.child]  # body -> child bone, body frame
+            a = st.axis
+            u_b = R.quat_rotate(R.quat_conjugate(rest), u)
+            A = u_b @ (d - a * (a @ d))
+            B = u_b @ np.cross(a, d)
+            C = (u_b @ a) * (a @ d)
+            rho = math.hypot(A, B)
+            if rho >= 1e-9:
+                rows.append((st, rest, u, d, a, C, rho, math.atan2(B, A)))
+        if not rows:
+            return None
+        applied = tuple(r[0] for r in rows)
+        node = np.arange(len(art.parents)) if node is None else np.asarray(node)
+        rest, u, d, a = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(1, 5))
+        C, rho, base = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(5, 8))
+        # (rest^-1 X)_w and (rest^-1 X)_xyz . axis are linear in X: their values on the basis quaternions
+        joint_of_basis = R.quat_multiply(R.quat_conjugate(rest)[:, None], np.eye(4)[None])  # [S, 4 basis, 4]
+        twist = np.stack([joint_of_basis[..., 0], np.einsum("sbk,sk->sb", joint_of_basis[..., 1:], a)], axis=-1)
+        return cls(
+            steps=applied,
+            parent=node[[st.parent for st in applied]],
+            body=node[[st.body for st in applied]],
+            rest=rest,
+            bone=u,
+            bone_cross=_cross_matrix(u),
+            child=d,
+            axis=a,
+            twist=twist,
+            C=C,
+            rho=rho,
+            base=base,
+            lo=np.array([st.lo for st in applied]),
+            hi=np.array([st.hi for st in applied]),
+        )
+
+
+def _apply_hinges(G: np.ndarray, h: _Hinges) -> None:
+    """In place on world rotations ``G [T, N, 4]`` (float64): every step of ``h`` at once (see
+    ``RetargetConfig.project_hinges``).
 
     The steps are independent: each writes its parent (a body whose joints reach every rotation) and its body
     (a single hinge), and no step's parent or body is another step's, so one batch over ``[T, steps]`` equals
     the steps one after another. Per step and frame: the hinge angle that puts the child bone where the motion
     has it (of the two that reach, the one inside the limits, then nearest the swing-twist answer), and the
     twist of the parent about the parent -> body bone that turns the bent child bone onto the wanted one."""
-    rows = []
-    for st in steps:  # per-step constants (Python floats, as the one-step formulas)
-        rest = art.quat[st.body]
-        u = art.pos[st.body] / np.linalg.norm(art.pos[st.body])  # parent -> body bone, parent frame
-        d = art.pos[st.child]  # body -> child bone, body frame
-        a = st.axis
-        u_b = R.quat_rotate(R.quat_conjugate(rest), u)
-        A = u_b @ (d - a * (a @ d))
-        B = u_b @ np.cross(a, d)
-        C = (u_b @ a) * (a @ d)
-        rho = math.hypot(A, B)
-        if rho >= 1e-9:
-            rows.append((st, rest, u, d, a, u_b, C, rho, math.atan2(B, A)))
-    if not rows:
-        return []
-    applied = [r[0] for r in rows]
-    P = np.array([st.parent for st in applied])
-    Bd = np.array([st.body for st in applied])
-    rest, u, d, a, u_b = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(1, 6))  # [S, 4|3]
-    C, rho, base = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(6, 9))  # [S]
-    lo = np.array([st.lo for st in applied])[:, None]
-    hi = np.array([st.hi for st in applied])[:, None]
-    Gp, Gb = G[:, P], G[:, Bd]  # [T, S, 4]
-    J = R.quat_multiply(R.quat_conjugate(rest), R.quat_multiply(R.quat_conjugate(Gp), Gb))  # joint rotations
-    v_body = R.quat_rotate(J, d)  # where the child should be, in the rest-rotated body frame
-    c = np.clip((np.einsum("tsk,sk->ts", v_body, u_b) - C) / rho, -1.0, 1.0)
-    delta = np.arccos(c)
-    th = np.stack([R.wrap_angle(base + delta), R.wrap_angle(base - delta)], axis=-1)  # [T, S, 2] both bends
-    _, twist = R.quat_swing_twist(J, a)
-    th0 = 2 * np.arctan2(np.einsum("tsk,sk->ts", twist[..., 1:], a), twist[..., 0])  # the plain swing-twist answer
-    outside = np.maximum(lo - th, 0) + np.maximum(th - hi, 0)
+    Gp, Gb = G[:, h.parent], G[:, h.body]  # [T, S, 4]
+    X = _qmul(Gp, Gb, conj_a=True)  # parent_from_body
+    v = np.einsum("tsij,sj->tsi", _qmat(X), h.child)  # where the child should be, parent frame
+    vu = np.einsum("tsk,sk->ts", v, h.bone)
+    delta = np.arccos(np.clip((vu - h.C) / h.rho, -1.0, 1.0))
+    th = R.wrap_angle(np.stack([h.base + delta, h.base - delta], axis=-1))  # [T, S, 2] both bends
+    jw, ja = np.moveaxis(np.einsum("tsk,skj->tsj", X, h.twist), -1, 0)  # joint rotation's w and xyz . axis
+    th0 = np.where(np.hypot(jw, ja) <= np.finfo(np.float64).eps ** 2, 0.0, 2 * np.arctan2(ja, jw))  # swing-twist
+    outside = np.maximum(h.lo[:, None] - th, 0) + np.maximum(th - h.hi[:, None], 0)
     cost = outside * 1e3 + np.abs(R.wrap_angle(th - R.wrap_angle(th0)[..., None]))
-    pick = np.take_along_axis(th, np.argmin(cost, axis=-1)[..., None], axis=-1)[..., 0]  # [T, S]
-    Jn = R.quat_from_axis_angle(a, pick)
-    w = R.quat_rotate(rest, R.quat_rotate(Jn, d))  # child bone with the hinge, parent frame
-    v = R.quat_rotate(rest, v_body)
-    w_perp = w - np.einsum("tsk,sk->ts", w, u)[..., None] * u
-    v_perp = v - np.einsum("tsk,sk->ts", v, u)[..., None] * u
-    phi = np.arctan2(np.einsum("tsk,sk->ts", np.cross(w_perp, v_perp), u), (w_perp * v_perp).sum(-1))
-    Gp_new = R.quat_multiply(Gp, R.quat_from_axis_angle(u, phi))
-    G[:, P] = Gp_new
-    G[:, Bd] = R.quat_multiply(Gp_new, R.quat_multiply(rest, Jn))
-    return applied
+    pick = np.where(cost[..., 1] < cost[..., 0], th[..., 1], th[..., 0])  # [T, S] (argmin: the first on ties)
+    rest_joint = _qmul(h.rest, _qaxis(h.axis, pick))  # parent_from_body with the new hinge angle
+    w = np.einsum("tsij,sj->tsi", _qmat(rest_joint), h.child)  # child bone with the hinge, parent frame
+    # the turn about the bone u that takes w onto v: atan2(u . (w x v), w.v - (w.u)(v.u))
+    wu = np.einsum("tsk,sk->ts", w, h.bone)
+    u_x_w = np.einsum("tsj,sij->tsi", w, h.bone_cross)  # u x w; u . (w x v) = (u x w) . v
+    phi = np.arctan2(np.einsum("tsk,tsk->ts", u_x_w, v), np.einsum("tsk,tsk->ts", w, v) - wu * vu)
+    Gp_new = _qmul(Gp, _qaxis(h.bone, phi))
+    G[:, h.parent] = Gp_new
+    G[:, h.body] = _qmul(Gp_new, rest_joint)
+
+
+def _project_hinges(G: np.ndarray, art: _Articulation, steps: Sequence[_HingeStep]) -> list[_HingeStep]:
+    """In place on world rotations ``G [T, n, 4]`` (every body of ``art``): the steps of :func:`_hinge_plan`
+    (see :func:`_apply_hinges`); returns the steps applied (those whose hinge can bend the child bone)."""
+    h = _Hinges.from_steps(art, steps)
+    if h is None:
+        return []
+    _apply_hinges(G, h)
+    return list(h.steps)
 
 
 # -- result and algorithm --------------------------------------------------------------------------------
@@ -1050,6 +1308,235 @@ def _auto_scale(src_tpose: SkeletonState, tgt_tpose: SkeletonState, src_idx, tgt
     return float(scale)
 
 
+# -- the plan: what depends on the configuration, the target and the source skeleton only ------------------
+
+
+def _quat_map(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``[..., 4, 4]`` matrices of the linear maps ``x -> left * x * right`` of WXYZ quaternions (``left``,
+    ``right`` ``[..., 4]``): one matrix-vector product per frame instead of two quaternion products."""
+    basis = np.eye(4)
+    out = R.quat_multiply(R.quat_multiply(left[..., None, :], basis), right[..., None, :])  # [..., basis, 4]
+    return np.swapaxes(out, -1, -2)
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """Everything :func:`retarget_motion` computes from its configuration, target and source skeleton alone
+    (names, T-poses, constant rotation products, hinge steps, sole points, collision geoms); a clip then costs a
+    few array operations over its frames. ``M`` mapped target bodies, held in ``mapped_index`` order (the root
+    first)."""
+
+    tgt: _Target
+    source_tpose: SkeletonState
+    target_tpose: SkeletonState
+    source_kinematics: object  # BodyKinematics of the source tree
+    source_index: np.ndarray  # [M] source node of each mapped target body
+    source_root: int  # source node mapped to the target root
+    mapped: np.ndarray  # [n] bool: target bodies driven by a source joint
+    mapped_index: np.ndarray  # [M] their indices
+    rigid: tuple[str, ...]
+    world_map: (
+        np.ndarray
+    )  # [M, 4, 4]: G_target = G_source @ world_map (row vectors): Q G_source G_source_tpose^-1 Q^-1 G_target_tpose
+    ancestor: np.ndarray  # [M - 1] slot of the nearest mapped ancestor of mapped slots 1..M-1
+    chain_slot: np.ndarray  # [C] slots whose parent is not mapped (follows its mapped ancestor at T-pose)
+    chain_map: np.ndarray  # [C, 4, 4]: left multiplication by that chain's inverse T-pose rotation (row vectors)
+    tpose_local: np.ndarray  # [n, 4]
+    hinges: _Hinges | None
+    projected: tuple[str, ...]
+    scale: float
+    root_map: np.ndarray  # [3, 3]: scale * R(Q)
+    source_tpose_root: np.ndarray  # [3]
+    target_tpose_root: np.ndarray  # [3]
+    feet: _Feet | None  # level_feet on a target with geoms
+    ground: _GroundGeoms | None  # the target's collision geoms (None: none, or no desc)
+
+    def local_rotation(self, G: np.ndarray) -> np.ndarray:
+        """``[T, n, 4]`` target local rotations from the mapped bodies' world rotations ``G [T, M, 4]``: unmapped
+        bodies at their T-pose local rotation, a mapped body relative to its parent (through the T-pose chain of
+        unmapped bodies between it and its nearest mapped ancestor)."""
+        mapped = np.empty_like(G)
+        mapped[:, 0] = G[:, 0]
+        mapped[:, 1:] = _qmul(G[:, self.ancestor], G[:, 1:], conj_a=True)  # relative to the mapped ancestor
+        if len(self.chain_slot):  # through the T-pose rotation of the unmapped bodies between
+            c = self.chain_slot
+            mapped[:, c] = np.swapaxes(np.swapaxes(mapped[:, c], 0, 1) @ self.chain_map, 0, 1)
+        local = np.empty((len(G),) + self.tpose_local.shape)
+        local[:] = self.tpose_local
+        local[:, self.mapped_index] = _unit(mapped)
+        return local
+
+
+def _build_plan(config: RetargetConfig, tgt: _Target, src_tree: SkeletonTree, source_tpose, target_tpose) -> _Plan:
+    """The checks of :func:`retarget_motion` on names and T-poses, and its per-target constants."""
+    jm = _resolve_sources(dict(config.joint_mapping), src_tree)
+    _check_names(list(jm.values()), tgt.tree, "target")
+    root_name = tgt.tree.node_names[0]
+    inv = {v: k for k, v in jm.items()}
+    if root_name not in inv:
+        raise FormatError(
+            f"the target root {root_name!r} is not mapped; map a source joint (the pelvis) to it", item="joint_mapping"
+        )
+    own_source, own_target = source_tpose is None, target_tpose is None
+    if source_tpose is None:
+        source_tpose = _tpose_of(_as_target(src_tree), config.source_tpose)
+    else:
+        source_tpose = source_tpose.numpy()
+        _check_names(list(jm), source_tpose.tree, "source T-pose")
+    if target_tpose is None:
+        target_tpose = _tpose_of(tgt, config.target_tpose)
+    else:
+        target_tpose = target_tpose.numpy()
+        if target_tpose.tree.node_names != tgt.tree.node_names:
+            raise UnknownNameError(
+                f"the target T-pose has nodes {target_tpose.tree.node_names}; expected the "
+                f"target's {tgt.tree.node_names}",
+                item="target_tpose",
+            )
+    if source_tpose.batch_shape != () or target_tpose.batch_shape != ():
+        raise ShapeError("T-poses must be single poses (batch shape ())", item="tpose")
+
+    tgt_names = tgt.tree.node_names
+    mapped = np.array([n in inv for n in tgt_names])
+    rigid = []
+    if tgt.art is not None:  # a body without joints cannot turn against its parent: it follows it at rest
+        for k in np.flatnonzero(mapped):
+            if k > 0 and not tgt.art.joints[k]:
+                mapped[k] = False
+                rigid.append(tgt_names[k])
+    tgt_idx = np.flatnonzero(mapped)
+    slot = np.full(len(tgt_names), -1)
+    slot[tgt_idx] = np.arange(len(tgt_idx))
+    src_idx = np.array([src_tree.index(inv[tgt_names[k]]) for k in tgt_idx])
+    srcT_idx = np.array([source_tpose.tree.index(inv[tgt_names[k]]) for k in tgt_idx])
+
+    Q = config.rotation_wxyz
+    Gst = np.asarray(source_tpose.global_rotation, dtype=np.float64)[srcT_idx]  # [M, 4]
+    Gtt = np.asarray(target_tpose.global_rotation, dtype=np.float64)[tgt_idx]  # [M, 4]
+    right = R.quat_multiply(R.quat_multiply(R.quat_conjugate(Gst), R.quat_conjugate(Q)), Gtt)
+    world_map = np.swapaxes(_quat_map(np.broadcast_to(Q, right.shape), right), 1, 2).copy()  # row-vector form
+
+    parents = tgt.tree.parent_indices
+    tpose_local = np.asarray(target_tpose.local_rotation, dtype=np.float64)
+    ancestor, chain_slot, chain = [], [], []
+    for k in tgt_idx[1:]:  # the nearest mapped ancestor, and the T-pose rotation of the unmapped bodies between
+        p, c = parents[k], np.array([1.0, 0.0, 0.0, 0.0])
+        while not mapped[p]:
+            c = R.quat_multiply(tpose_local[p], c)
+            p = parents[p]
+        ancestor.append(slot[p])
+        if p != parents[k]:
+            chain_slot.append(slot[k])
+            chain.append(R.quat_conjugate(c))
+    chain_map = np.swapaxes(
+        _quat_map(np.array(chain).reshape(-1, 4), np.tile([1.0, 0.0, 0.0, 0.0], (len(chain), 1))), 1, 2
+    )
+
+    hinges, projected = None, ()
+    if config.project_hinges and tgt.art is not None:
+        hinges = _Hinges.from_steps(tgt.art, _hinge_plan(tgt.art, mapped), node=slot)
+        projected = () if hinges is None else tuple(tgt_names[st.body] for st in hinges.steps)
+
+    scale = config.scale
+    if scale == "auto":
+        scale = _auto_scale(source_tpose, target_tpose, srcT_idx, tgt_idx)
+    src_root = source_tpose.tree.index(inv[root_name])
+    feet = (
+        _Feet.from_target(tgt.desc, tgt.tree, config.level_feet) if config.level_feet and tgt.desc is not None else None
+    )
+    for state, own in ((source_tpose, own_source), (target_tpose, own_target)):
+        if own:  # built here, shared by every result of a kept plan: read-only
+            for arr in (state.root_translation, state.local_rotation):
+                arr.setflags(write=False)
+    return _Plan(
+        tgt=tgt,
+        source_tpose=source_tpose,
+        target_tpose=target_tpose,
+        source_kinematics=src_tree.kinematics,
+        source_index=src_idx,
+        source_root=src_tree.index(inv[root_name]),
+        mapped=mapped,
+        mapped_index=tgt_idx,
+        rigid=tuple(rigid),
+        world_map=world_map,
+        ancestor=np.array(ancestor, dtype=np.int64),
+        chain_slot=np.array(chain_slot, dtype=np.int64),
+        chain_map=chain_map,
+        tpose_local=tpose_local,
+        hinges=hinges,
+        projected=projected,
+        scale=float(scale),
+        root_map=float(scale) * R.quat_to_matrix(Q),
+        source_tpose_root=np.asarray(source_tpose.global_translation, dtype=np.float64)[src_root],
+        target_tpose_root=np.asarray(target_tpose.root_translation, dtype=np.float64),
+        feet=feet,
+        ground=_GroundGeoms.from_desc(tgt.desc) if tgt.desc is not None else None,
+    )
+
+
+# Plans and named configurations kept for the next clip (a batch converts many clips of one skeleton onto one
+# target with one configuration). A plan is a pure function of immutable inputs: the configuration and target
+# objects (frozen; held here, so their ids stay theirs) and the source tree's content; calls that pass their own
+# T-poses (mutable states) or a target SkeletonState are not cached. A configuration read by name is kept while
+# its file's modification time and size are unchanged.
+_PLANS: OrderedDict = OrderedDict()
+_PLANS_MAX = 8
+_CONFIGS: dict = {}
+_CONFIGS_MAX = 32
+_CACHE_LOCK = threading.Lock()
+
+
+def _named_config(name: str) -> RetargetConfig:
+    """:func:`load_retarget_config`, kept while the file is unchanged (modification time and size)."""
+    p = Path(name)
+    f = p if p.suffix == ".json" and p.is_file() else _CONFIG_DIR / f"{name}.json"
+    try:
+        st = f.stat()
+    except OSError:
+        return load_retarget_config(name)  # raises, naming the shipped configurations
+    key = (name, os.path.abspath(f), st.st_mtime_ns, st.st_size)
+    with _CACHE_LOCK:
+        config = _CONFIGS.get(key)
+    if config is None:
+        config = load_retarget_config(name)
+        with _CACHE_LOCK:
+            if len(_CONFIGS) >= _CONFIGS_MAX:
+                _CONFIGS.clear()
+            _CONFIGS[key] = config
+    return config
+
+
+def _plan_for(config: RetargetConfig, target, src_tree: SkeletonTree, source_tpose, target_tpose) -> _Plan:
+    from ..animation.layout import ArticulationCoordinateLayout
+    from ..asset.desc import ArticulationDesc
+
+    cacheable = (
+        source_tpose is None
+        and target_tpose is None
+        and isinstance(target, (ArticulationDesc, ArticulationCoordinateLayout, SkeletonTree))
+    )
+    if not cacheable:
+        return _build_plan(config, _as_target(target), src_tree, source_tpose, target_tpose)
+    key = (
+        id(config),
+        id(target),
+        src_tree.node_names,
+        src_tree.parent_indices.tobytes(),
+        src_tree.local_translation.tobytes(),
+    )
+    with _CACHE_LOCK:
+        hit = _PLANS.get(key)
+        if hit is not None and hit[0] is config and hit[1] is target:
+            _PLANS.move_to_end(key)
+            return hit[2]
+    plan = _build_plan(config, _as_target(target), src_tree, None, None)
+    with _CACHE_LOCK:
+        _PLANS[key] = (config, target, plan)
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return plan
+
+
 def retarget_motion(
     source: SkeletonMotion,
     config: RetargetConfig | str,
@@ -1076,9 +1563,14 @@ def retarget_motion(
     Raises:
         UnknownNameError: a mapped joint missing from a skeleton (the message lists the skeleton's nodes);
         FormatError: the target's root is not mapped; ShapeError: bad inputs.
+
+    Everything that depends only on the configuration, the target and the source skeleton (names, T-poses,
+    hinge steps, sole points, collision geoms) is computed once and kept for the next clip of the same
+    configuration and target objects and an equal source skeleton (a batch of clips); a clip then costs one
+    forward kinematics of the source and of the target and a few array operations over its frames.
     """
     if isinstance(config, str):
-        config = load_retarget_config(config)
+        config = _named_config(config)
     if not isinstance(source, SkeletonMotion):
         raise ShapeError(f"source is {type(source).__name__}; expected a SkeletonMotion", item="source")
     if target is None:
@@ -1087,7 +1579,6 @@ def retarget_motion(
                 f"configuration {config.name!r} names no shipped target model; pass target=", item="target"
             )
         target = config.target_model_path()
-    tgt = _as_target(target)
     src = source.numpy()
     dtype = src.local_rotation.dtype if src.local_rotation.dtype in (np.float32, np.float64) else np.float64
     if config.trim_frames is not None:
@@ -1096,116 +1587,46 @@ def retarget_motion(
         if b >= e:
             raise ShapeError(f"trim_frames {config.trim_frames} leave no frame of {src.num_frames}", item="trim_frames")
         src = src[b:e]
-    jm = _resolve_sources(dict(config.joint_mapping), src.tree)
-    _check_names(list(jm.values()), tgt.tree, "target")
-    root_name = tgt.tree.node_names[0]
-    inv = {v: k for k, v in jm.items()}
-    if root_name not in inv:
-        raise FormatError(
-            f"the target root {root_name!r} is not mapped; map a source joint (the pelvis) to it", item="joint_mapping"
-        )
-    if source_tpose is None:
-        source_tpose = _tpose_of(_as_target(src.tree), config.source_tpose)
-    else:
-        source_tpose = source_tpose.numpy()
-        _check_names(list(jm), source_tpose.tree, "source T-pose")
-    if target_tpose is None:
-        target_tpose = _tpose_of(tgt, config.target_tpose)
-    else:
-        target_tpose = target_tpose.numpy()
-        if target_tpose.tree.node_names != tgt.tree.node_names:
-            raise UnknownNameError(
-                f"the target T-pose has nodes {target_tpose.tree.node_names}; expected the "
-                f"target's {tgt.tree.node_names}",
-                item="target_tpose",
-            )
-    if source_tpose.batch_shape != () or target_tpose.batch_shape != ():
-        raise ShapeError("T-poses must be single poses (batch shape ())", item="tpose")
+    plan = _plan_for(config, target, src.tree, source_tpose, target_tpose)
+    tgt = plan.tgt
 
-    tgt_names = tgt.tree.node_names
-    tgt_mapped = np.array([n in inv for n in tgt_names])
-    rigid = []
-    if tgt.art is not None:  # a body without joints cannot turn against its parent: it follows it at rest
-        for k in np.flatnonzero(tgt_mapped):
-            if k > 0 and not tgt.art.joints[k]:
-                tgt_mapped[k] = False
-                rigid.append(tgt_names[k])
-    tgt_idx = np.flatnonzero(tgt_mapped)
-    src_idx = np.array([src.tree.index(inv[tgt_names[k]]) for k in tgt_idx])
-    srcT_idx = np.array([source_tpose.tree.index(inv[tgt_names[k]]) for k in tgt_idx])
-
-    Q = config.rotation_wxyz
-    Qc = R.quat_conjugate(Q)
-    Gs = np.asarray(src.global_rotation, dtype=np.float64)[:, src_idx]  # [T, M, 4]
-    Gst = np.asarray(source_tpose.global_rotation, dtype=np.float64)[srcT_idx]  # [M, 4]
-    Gtt = np.asarray(target_tpose.global_rotation, dtype=np.float64)  # [N, 4]
-    delta = R.quat_multiply(R.quat_multiply(Q, R.quat_multiply(Gs, R.quat_conjugate(Gst))), Qc)
-    G_mapped = R.quat_normalize(R.quat_multiply(delta, Gtt[tgt_idx]))
-
-    parents = tgt.tree.parent_indices
-    T = src.num_frames
-    n = tgt.tree.num_nodes
-    tpose_local = np.asarray(target_tpose.local_rotation, dtype=np.float64)
-    G = np.empty((T, n, 4))
-    G[:, tgt_idx] = G_mapped
-    if not tgt_mapped.all():  # unmapped joints follow their parent with the T-pose local rotation
-        for k in np.flatnonzero(~tgt_mapped):  # parent-first order: the parent's G is final
-            p = parents[k]
-            G[:, k] = tpose_local[k] if p < 0 else R.quat_multiply(G[:, p], tpose_local[k])
-    projected = []
-    if config.project_hinges and tgt.art is not None:
-        steps = _hinge_plan(tgt.art, tgt_mapped)
-        _project_hinges(G, tgt.art, steps)
-        projected = [tgt_names[st.body] for st in steps]
-        if steps and not tgt_mapped.all():  # re-place unmapped bodies under projected parents
-            for k in np.flatnonzero(~tgt_mapped):
-                p = parents[k]
-                if p >= 0:
-                    G[:, k] = R.quat_multiply(G[:, p], tpose_local[k])
-    local = R.quat_multiply(R.quat_conjugate(G[:, np.where(parents < 0, 0, parents)]), G)
-    local[:, parents < 0] = G[:, parents < 0]
-    unmapped_local = np.flatnonzero(~tgt_mapped)
-    local[:, unmapped_local] = tpose_local[unmapped_local]  # exact, not through round-off
-    local = R.quat_normalize(local)
-
-    src_root = np.asarray(src.global_translation, dtype=np.float64)[:, src.tree.index(inv[root_name])]
-    src_tpose_root = np.asarray(source_tpose.global_translation, dtype=np.float64)[
-        source_tpose.tree.index(inv[root_name])
-    ]
-    scale = config.scale
-    if scale == "auto":
-        scale = _auto_scale(source_tpose, target_tpose, srcT_idx, tgt_idx)
-    root = np.asarray(target_tpose.root_translation, dtype=np.float64) + scale * R.quat_rotate(
-        Q, src_root - src_tpose_root
+    # world rotations of the mapped source joints (FK in the source's dtype), onto the target's bodies
+    src_pos, src_rot = plan.source_kinematics.from_local(
+        src.root_translation, src.local_rotation, src.local_translation
     )
+    Gs = np.asarray(src_rot[:, plan.source_index], dtype=np.float64).swapaxes(0, 1)  # [M, T, 4]
+    G = _unit(np.swapaxes(Gs @ plan.world_map, 0, 1))  # [T, M, 4]: one small matrix product per body
+    if plan.hinges is not None:
+        _apply_hinges(G, plan.hinges)
+    local = plan.local_rotation(G)
+    src_root = np.asarray(src_pos[:, plan.source_root], dtype=np.float64)
+    root = plan.target_tpose_root + (src_root - plan.source_tpose_root) @ plan.root_map.T
 
     meta = dict(src.metadata)
     meta["retarget"] = {
         "config": config.name,
-        "scale": float(scale),
-        "rotation_wxyz": [float(x) for x in Q],
+        "scale": plan.scale,
+        "rotation_wxyz": [float(x) for x in config.rotation_wxyz],
         "source_fps": src.fps,
         "trim_frames": None if config.trim_frames is None else list(config.trim_frames),
     }
-    if config.level_feet and tgt.desc is not None:
-        local, levelled, skipped = _level_feet(tgt.desc, tgt.tree, root, local, src.fps, config.level_feet)
-        meta["retarget"]["feet_levelled_deg"] = levelled
-        if skipped:
-            meta["retarget"]["feet_not_levelled"] = skipped
+    pos = rot = None  # the target's world poses, once computed
+    if config.level_feet and plan.feet is not None:
+        pos, rot = tgt.tree.kinematics.from_local(root, local)
+        meta["retarget"]["feet_levelled_deg"] = _level_feet(plan.feet, pos, rot, local, src.fps)
+        if plan.feet.skipped:
+            meta["retarget"]["feet_not_levelled"] = dict(plan.feet.skipped)
     elif config.level_feet:
         meta["retarget"]["feet_not_levelled"] = {f: "the target has no collision geoms" for f, _ in config.level_feet}
-    motion = SkeletonMotion(tgt.tree, root, local, src.fps, metadata=meta, skip_checks=True)
     shift = 0.0
     if config.ground_fix is not GroundFix.NONE:
-        pos = motion.global_translation
-        low = None
-        if config.ground_reference is GroundReference.COLLISION_GEOMS and tgt.desc is not None:
-            found = _lowest_points(tgt.desc, pos, motion.global_rotation)
-            if found is not None:
-                low, bare = found
-                if bare:  # recorded: these bodies stand on their origins
-                    meta["retarget"]["ground_bodies_without_geoms"] = list(bare)
-        if low is None:
+        if pos is None:
+            pos, rot = tgt.tree.kinematics.from_local(root, local)
+        if config.ground_reference is GroundReference.COLLISION_GEOMS and plan.ground is not None:
+            low = plan.ground.lowest(pos, rot)
+            if plan.ground.bare_names:  # recorded: these bodies stand on their origins
+                meta["retarget"]["ground_bodies_without_geoms"] = list(plan.ground.bare_names)
+        else:
             low = pos[..., 2].min(axis=1)
         if config.ground_fix is GroundFix.ROLLING_MIN:
             from scipy.ndimage import minimum_filter1d, uniform_filter1d
@@ -1215,18 +1636,20 @@ def retarget_motion(
         else:
             shift = -float(low.min() if config.ground_fix is GroundFix.CLIP_MIN else low[0])
     shift = shift + config.root_height_offset
-    root = root.copy()
     root[:, 2] += shift
     meta["retarget"]["ground_shift"] = float(np.mean(shift))
-    motion = SkeletonMotion(tgt.tree, root.astype(dtype), local.astype(dtype), src.fps, metadata=meta)
+    motion = SkeletonMotion(
+        tgt.tree, root.astype(dtype, copy=False), local.astype(dtype, copy=False), src.fps, metadata=meta
+    )
+    tgt_names = tgt.tree.node_names
     return RetargetResult(
         motion=motion,
-        source_tpose=source_tpose,
-        target_tpose=target_tpose,
-        scale=float(scale),
+        source_tpose=plan.source_tpose,
+        target_tpose=plan.target_tpose,
+        scale=plan.scale,
         ground_shift=shift,
-        mapped_target_joints=tuple(tgt_names[k] for k in np.flatnonzero(tgt_mapped)),
-        unmapped_target_joints=tuple(n for n, m in zip(tgt_names, tgt_mapped) if not m),
-        rigid_target_joints=tuple(rigid),
-        projected_joints=tuple(projected),
+        mapped_target_joints=tuple(tgt_names[k] for k in plan.mapped_index),
+        unmapped_target_joints=tuple(n for n, m in zip(tgt_names, plan.mapped) if not m),
+        rigid_target_joints=plan.rigid,
+        projected_joints=plan.projected,
     )
