@@ -938,7 +938,7 @@ def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray
     R_foot = mats[:, :nf]  # [T, F, 3, 3]
     lateral = np.stack([-forward[:, 1], forward[:, 0], np.zeros(nf)], axis=-1)
     axis = np.einsum("tf,fi,tfij->fj", weight, lateral, R_foot)  # the lateral axis in the foot frame
-    axis /= np.linalg.norm(axis, axis=-1, keepdims=True)
+    axis /= np.maximum(np.linalg.norm(axis, axis=-1, keepdims=True), 1e-300)  # 0 for a foot that never stands
     feet_i = np.arange(nf)
     pair = np.stack([pts[:, feet_i, rear], pts[:, feet_i, front]], axis=2)  # [T, F, 2, 3] rear, front
     pair_foot = np.einsum("tfji,tfqj->tfqi", R_foot, pair - foot_pos[:, :, None])  # in the foot frame
