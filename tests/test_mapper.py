@@ -877,7 +877,9 @@ def _turning_q(layout, n, fps, seed):
     t = np.arange(n) / fps
     rng = np.random.default_rng(seed)
     q = np.tile(layout.neutral(), (n, 1))
-    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))
+    if layout.blocks[0].joint_type is JointType.FREE:
+        q[:, 0:3] = np.stack([np.sin(t), 0.8 * t, 0.9 + 0.05 * np.cos(3 * t)], axis=-1)
+        q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))
     for b in range(layout.num_bodies):
         blocks = _hinge_blocks(layout, b)
         for i, blk in enumerate(blocks):
@@ -939,11 +941,14 @@ def test_native_euler_kernel_matches_scipy_and_the_numpy_block(dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("free_root", [True, False], ids=["fused-pass", "two-passes"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype):
+def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype, free_root):
     """The whole mapping (two solver blocks and more, turns, branch crossings, a frame in gimbal lock): the
-    native kernel path against the numpy reference path (``use_native = False``)."""
-    layout = _layout("mjcf/protomotions/smpl_humanoid.xml", free_root=True)
+    native kernel path against the numpy reference path (``use_native = False``). With the free root the fused
+    pass does everything (q, qd, the summary's counters); without it (the root body has no joint) the Euler
+    kernel and the placing pass run, the rest is numpy."""
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml", free_root=free_root)
     mapper = ArticulationMotionMapper(layout)
     fps, n = 60.0, 9000
     q = _turning_q(layout, n, fps, 11)
@@ -959,7 +964,11 @@ def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype):
     assert mapper._native_kernels(np.dtype(dtype)) == {}
     mapper.use_native = True
     assert len(mapper._native_kernels(np.dtype(dtype))) == 1
-    assert mapper._native_place(np.dtype(dtype), mapper._groups, True) is not None  # both native passes ran
+    if free_root:
+        assert mapper._native_fused(np.dtype(dtype)) is not None  # the fused pass ran
+    else:
+        assert mapper._native_fused(np.dtype(dtype)) is None
+        assert mapper._native_place(np.dtype(dtype), mapper._groups, True) is not None  # both native passes ran
     qa, qb = a.motion.q.astype(np.float64), b.motion.q.astype(np.float64)
     if dtype == np.float64:
         np.testing.assert_allclose(qa, qb, rtol=1e-12, atol=1e-9)
@@ -1038,3 +1047,216 @@ def test_kernel_refuses_arrays_of_the_wrong_layout():
     L = np.zeros((10, 3, 4), dtype=np.float32)  # wrong dtype: never handed to the machine code
     with pytest.raises(ShapeError, match="EulerBlockKernel|expected C-contiguous"):
         kern(L, np.zeros((10, 9)), np.zeros((10, 3)), np.zeros((10, 3), dtype=bool), np.zeros((6, 3)), False)
+
+
+# -- the fused native pass (native_mapper.fused_ir): q, qd and the summary's counters in one pass ------------
+
+
+def _smpl_fused(dtype=np.float64):
+    layout = _layout("mjcf/protomotions/smpl_humanoid.xml", free_root=True)
+    mapper = ArticulationMotionMapper(layout)
+    assert mapper._native_fused(np.dtype(dtype)) is not None
+    return layout, mapper
+
+
+def _motion_of(mapper, q, fps, dtype):
+    st = mapper.to_skeleton_state(q)
+    return SkeletonMotion(mapper.skeleton_tree, st.root_translation.astype(dtype), st.local_rotation.astype(dtype), fps)
+
+
+@needs_native
+@pytest.mark.filterwarnings("ignore:Gimbal lock detected")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_pass_takes_the_cheaper_track_redoes_gimbal_blocks_and_counts_limits(dtype):
+    """Cases the fused pass hands on or redoes: a body whose middle angle stays beyond pi/2 (the clip's first
+    frame starts the cheaper track on branch 1: the clip is placed again with that choice), gimbal lock in the
+    first and a later block (numpy's angles placed by the kernel's second entry), hinges that wind (a 2 pi shift
+    into the limits, their summary columns counted again). Against the generating q, scipy's Euler angles, the
+    numpy path, and a brute-force limit count over the returned q."""
+    layout, mapper = _smpl_fused(dtype)
+    fps, n = 30.0, 10000
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(7)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 0:3] = np.stack([0.5 * t, np.sin(t), 0.9 + 0.0 * t], axis=-1)
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(np.sin(0.3 * t), [0.2, 0.1, 1.5]))
+    for b in range(1, layout.num_bodies):
+        h = _hinge_blocks(layout, b)
+        for blk in h:
+            q[:, blk.q_offset] = rng.uniform(0.2, 0.5) * np.sin(rng.uniform(0.2, 1.5) * t + rng.uniform(0, 6))
+    elbow = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("L_Elbow"))]
+    q[:, elbow[1]] = 1.9 + 0.1 * np.sin(t)  # beyond pi/2 all the time: branch 1 of the Euler angles
+    wrist = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("R_Wrist"))]
+    q[:, wrist[0]] = 0.004 * np.arange(n)  # winds about 6 turns: leaves its +-pi limits
+    shoulder = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("R_Shoulder"))]
+    q[[100, 7000], shoulder[1]] = np.pi / 2  # gimbal lock in the first block and in a later one
+    motion = _motion_of(mapper, q, fps, dtype)
+    passes = []
+    run = mapper._fused_pass
+    mapper._fused_pass = lambda *a: passes.append(len(run(*a))) or set(passes)
+    try:
+        out = mapper.to_articulation_motion(motion)
+    finally:
+        del mapper._fused_pass
+    assert len(passes) == 2 and passes[0] == 2  # placed again with the elbow's track; two blocks from numpy
+    got = out.motion.q.astype(np.float64)
+    # the elbow comes back on its own branch (the cheaper track), the root and the other triplets as generated
+    # (q is stored in float32; at the two gimbal-lock frames only the sum of the shoulder's outer angles counts)
+    keep = np.ones(layout.nq, dtype=bool)
+    keep[wrist[0]] = False
+    err = np.abs(got - q) / np.maximum(np.abs(q), 1.0)  # the root walks 170 m
+    err[[100, 7000]] = 0.0
+    assert err[:, keep].max() < 2e-6
+    sum_err = got[[100, 7000], shoulder[0]] + got[[100, 7000], shoulder[2]] - q[[100, 7000], shoulder[0]]
+    assert np.abs(R.wrap_angle(sum_err - q[[100, 7000], shoulder[2]])).max() < 1e-4
+    # the winding hinge: the generating series less whole turns (a constant shift into the limits)
+    turns = (got[:, wrist[0]] - q[:, wrist[0]]) / (2 * np.pi)
+    assert np.abs(turns - np.rint(turns[0])).max() < 1e-5 and np.rint(turns[0]) != 0
+    # scipy's intrinsic XYZ Euler angles of every triplet (the elbow on the other branch)
+    L = np.asarray(motion.local_rotation, dtype=np.float64)
+    (g,) = mapper._groups
+    euler = Rotation.from_quat(L[:, g.bodies][..., [1, 2, 3, 0]].reshape(-1, 4)).as_euler("XYZ").reshape(n, -1, 3)
+    mine = got[:, mapper._hinge_q[g.hinge_cols]]
+    ok = np.abs(np.abs(euler[..., 1]) - np.pi / 2) > 1e-3
+    e = layout.body_index("L_Elbow") - 1
+    alt = euler[:, e] + [np.pi, 0.0, np.pi]
+    alt[:, 1] = np.pi - euler[:, e, 1]
+    euler[:, e] = alt
+    assert np.abs(R.wrap_angle(mine - euler))[ok].max() < 5e-6  # q is stored in float32 (up to 40 rad here)
+    # the numpy reference path
+    mapper.use_native = False
+    ref = mapper.to_articulation_motion(motion)
+    mapper.use_native = True
+    np.testing.assert_allclose(got, ref.motion.q, atol=1e-9 if dtype == np.float64 else 5e-5)
+    np.testing.assert_allclose(out.motion.qd, ref.motion.qd, atol=1e-6 if dtype == np.float64 else 5e-3)
+    # qd: the public velocities of the returned q (central differences, root angular velocity in world)
+    ulp_rate = 4 * np.finfo(np.float32).eps * np.abs(out.motion.q).max() * fps
+    np.testing.assert_allclose(out.motion.qd, mapper.velocities(out.motion.q, fps), atol=ulp_rate)
+    # the limit summary against a brute-force count over the returned q
+    summary = out.motion.metadata["mapper"]
+    want = {}
+    for b in layout.blocks:
+        if b.joint_type is JointType.HINGE:
+            col = got[:, b.q_offset]
+            over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
+            if over.max() > 1e-6:
+                want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    assert want and set(summary["limit_violation_dofs"]) == set(sorted(want, key=lambda k: -want[k][0])[:10])
+    for name, v in summary["limit_violation_dofs"].items():
+        # counted on q before its float32 storage
+        assert v["max"] == pytest.approx(want[name][0], abs=5e-6) and v["fraction"] == pytest.approx(
+            want[name][1], abs=2 / n
+        )
+    assert (
+        summary == ref.motion.metadata["mapper"]
+        or dtype == np.float32
+        or all(summary[k] == pytest.approx(ref.motion.metadata["mapper"][k]) for k in ("limit_violation_max",))
+    )
+    assert summary["max_residual_angle"] == 0.0 and not out.residual_angles.any()
+
+
+@needs_native
+def test_fused_pass_limit_counters_match_a_brute_force_count_without_shifts():
+    """A clip inside +-pi except a few hinges swinging past pi and back (no 2 pi shift: the kernel's own
+    counters are the summary) against a brute-force count over the returned q (float32: the kernel counts the
+    stored values)."""
+    layout, mapper = _smpl_fused(np.float32)
+    fps, n = 60.0, 9000
+    t = np.arange(n) / fps
+    q = np.tile(layout.neutral(), (n, 1))
+    hinges = [b for b in layout.blocks if b.joint_type is JointType.HINGE]
+    outer = [b for b in hinges if not b.joint_name.endswith("_y")]  # x and z: the outer angles of each triplet
+    for i, b in enumerate(outer):
+        q[:, b.q_offset] = (3.3 if i % 5 == 0 else 1.0) * np.sin(0.4 * t + i)
+    for b in hinges:
+        if b.joint_name.endswith("_y"):
+            q[:, b.q_offset] = 0.3 * np.sin(0.9 * t)
+    out = mapper.to_articulation_motion(_motion_of(mapper, q, fps, np.float32))
+    got = out.motion.q.astype(np.float64)
+    assert np.abs(got - q).max() < 2e-6  # no shift needed: the generating series itself
+    summary = out.motion.metadata["mapper"]
+    want = {}
+    for b in hinges:
+        col = got[:, b.q_offset]
+        over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
+        if over.max() > 1e-6:
+            want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    assert len(want) >= 5 and set(summary["limit_violation_dofs"]) == set(want)
+    for name, v in summary["limit_violation_dofs"].items():
+        assert v["max"] == pytest.approx(want[name][0], abs=1e-12) and v["fraction"] == want[name][1]
+    assert summary["limit_violation_max"] == pytest.approx(max(v[0] for v in want.values()), abs=1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("where", ["root", "triplet", "translation"])
+def test_fused_pass_refuses_non_finite_input(where):
+    """Unchecked input (``skip_checks=True``) with a NaN: the fused pass's counters refuse the result with the
+    NonFiniteError ArticulationMotion raises, as the numpy path does."""
+    from kangengine.errors import NonFiniteError
+
+    layout, mapper = _smpl_fused()
+    st = mapper.to_skeleton_state(np.tile(layout.neutral(), (5000, 1)))
+    local, root = np.array(st.local_rotation, copy=True), np.array(st.root_translation, copy=True)
+    if where == "translation":
+        root[4100, 1] = np.nan
+    else:
+        local[4100, 0 if where == "root" else 5, 2] = np.nan
+    motion = SkeletonMotion(mapper.skeleton_tree, root, local, 30.0, skip_checks=True)
+    for native in (True, False):  # (numpy's unwrapping spreads a NaN angle over the whole column)
+        mapper.use_native = native
+        with pytest.raises(NonFiniteError, match="frame 4100" if native else "non-finite"):
+            mapper.to_articulation_motion(motion)
+
+
+@needs_native
+def test_fused_kernel_is_kept_on_disk_and_refuses_wrong_arrays(tmp_path, monkeypatch):
+    """The fused pair loaded from the disk cache (both entry points) gives the same q and qd as the one just
+    built; arrays of another layout never reach the machine code."""
+    from kangengine.animation import native_mapper
+    from kangengine.animation.kinematics import native as _native
+
+    monkeypatch.setenv("KANGENGINE_CACHE_DIR", str(tmp_path))
+    layout, mapper = _smpl_fused()
+    text = native_mapper.fused_ir(np.float64, **mapper._fused_spec)
+    key = _native.host_key("mapper-fused test", text)
+    built = _native.compile_ir(lambda: text, key, "fused0")
+    loaded = _native.compile_ir(lambda: pytest.fail("rebuilt instead of loaded"), key, "fused0")
+    assert not built[2] and loaded[2] and list(tmp_path.rglob("*.o"))
+    q = _turning_q(layout, 600, 60.0, 3)
+    middle = [x.q_offset for b in range(1, layout.num_bodies) for x in _hinge_blocks(layout, b)[1:2]]
+    q[:, middle] *= 0.7  # away from gimbal lock (which the kernel leaves to numpy)
+    motion = _motion_of(mapper, q, 60.0, np.float64)
+    L, rt = np.ascontiguousarray(motion.local_rotation), np.ascontiguousarray(motion.root_translation)
+    outs = []
+    for engine, address, _ in (built, loaded):
+        kern = native_mapper.FusedKernel(
+            engine, (address, engine.get_function_address("fused1")), np.float64, 24, 23, layout.nq, layout.nv
+        )
+        q, qd = np.zeros((600, layout.nq)), np.zeros((600, layout.nv))
+        flip = np.zeros(23, dtype=bool)
+        for _ in range(2):  # the second time on the cheaper track of each body (as the mapper does)
+            state = kern.new_state()
+            run = kern.bind(L, rt, q, qd, flip, state, 60.0)
+            assert run(0, 300, 0) == 0 and run(300, 600, 0) == 0
+            flip = kern.body(state, "total") - 2.0 * kern.body(state, "on") < 0
+        outs.append((q, qd, state))
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+    # float64 q of the kernel against scipy's intrinsic XYZ Euler angles: the track is continuous, so each frame
+    # is on scipy's branch or the other one ((t1 + pi, pi - t2, t3 + pi)), up to whole turns
+    (g,) = mapper._groups
+    scipy = Rotation.from_quat(L[:, g.bodies][..., [1, 2, 3, 0]].reshape(-1, 4)).as_euler("XYZ").reshape(600, -1, 3)
+    other = scipy + [np.pi, 0.0, np.pi]
+    other[..., 1] = np.pi - scipy[..., 1]
+    mine = outs[0][0][:, mapper._hinge_q[g.hinge_cols]]
+    d = np.minimum(np.abs(R.wrap_angle(mine - scipy)).max(-1), np.abs(R.wrap_angle(mine - other)).max(-1))
+    assert d.max() < 1e-9
+    want = mapper.to_articulation_motion(motion).motion
+    ulp_rate = 4 * np.finfo(np.float32).eps * np.abs(want.q).max() * 60.0  # the motion stores q in float32
+    np.testing.assert_allclose(outs[0][1][1:-1], want.qd[1:-1], atol=ulp_rate)
+    with pytest.raises(ShapeError, match="FusedKernel"):
+        kern.bind(L.astype(np.float32), rt, q, qd, np.zeros(23, dtype=bool), state, 60.0)
+    with pytest.raises(ShapeError, match="FusedKernel"):
+        kern.bind(L, rt, q[:, :-1], qd, np.zeros(23, dtype=bool), state, 60.0)
+    with pytest.raises(ShapeError, match="FusedKernel"):
+        kern.bind(L, rt, q, qd, np.zeros(23, dtype=bool), state, 60.0)(0, 601, 0)

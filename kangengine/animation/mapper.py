@@ -646,6 +646,53 @@ class ArticulationMotionMapper:
         self._tangent_runs = lay.tangent_runs
         runs, rots = self._tangent_runs
         self._tangent_covers = sum(k for _, _, k in runs) + 3 * len(rots) == lay.nv
+        self._fused_spec = self._fused_plan()
+
+    def _fused_plan(self):
+        """The constants of the fused native pass (:func:`~kangengine.animation.native_mapper.fused_ir`) when the
+        articulation is a free root plus one group of x/y/z hinge triplets that the native Euler kernel handles
+        (identity rest rotations, limits that never bind) and ``q``/``qd`` hold nothing else (the SMPL humanoid),
+        else None."""
+        lay = self.layout
+        if self._free is None or self._ball_bodies or self._none_bodies or self._held or len(self._groups) != 1:
+            return None
+        g = self._groups[0]
+        dv = self._davenport.get(g.axes) if g.kind == _HINGE3 else None
+        if dv is None or dv.euler is None or not g.complete or self._group_narrow[id(g)]:
+            return None
+        if not self._group_rest_identity[id(g)]:
+            return None
+        hq, hv, nh = self._hinge_q, self._hinge_v, len(self._hinge_q)
+        rb, rq = self._free
+        rv = next(x.qd_offset for x in lay.blocks_of_body(rb) if x.joint_type is JointType.FREE)
+        runs, rots = self._tangent_runs
+        want_runs = sorted([(rq, rv, 3), (int(hq[0]), int(hv[0]), nh)])
+        if sorted(tuple(map(int, r)) for r in runs) != want_runs or [tuple(map(int, r)) for r in rots] != [
+            (rq + 3, rv + 3)
+        ]:
+            return None  # the hinges are one run of q and qd columns, the root the only other block
+        if lay.nq != 7 + nh or lay.nv != 6 + nh:
+            return None
+        order, signs = dv.euler
+        cols = g.hinge_cols
+        limits = np.stack([self._hinge_lo[cols], self._hinge_hi[cols]], axis=-1)
+        return dict(
+            num_bodies=lay.num_bodies,
+            bodies=g.bodies,
+            qcols=hq[cols],
+            vcols=hv[cols],
+            order=order,
+            signs=signs,
+            phi=dv.phi,
+            weight=_COST_ANGLE_WEIGHT,
+            limits=limits,
+            refs=self._hinge_ref[cols],
+            root_body=rb,
+            root_q=rq,
+            root_v=rv,
+            nq=lay.nq,
+            nv=lay.nv,
+        )
 
     # -- input checks ----------------------------------------------------------------------------------
     def _check_tree(self, tree: SkeletonTree, what: str):
@@ -723,6 +770,9 @@ class ArticulationMotionMapper:
         dtype = L.dtype if L.dtype in (np.float32, np.float64) else np.float64
         lay = self.layout
         fps = skeleton_motion.fps
+        fused = self._native_fused(dtype) if not clamp_to_limits and L.shape[0] >= 3 else None
+        if fused is not None:  # one native pass writes q, qd and the summary's counters (the SMPL humanoid)
+            return self._map_fused(fused, skeleton_motion, L.astype(dtype, copy=False), rt.astype(dtype, copy=False))
         # the native second pass can write the hinges' qd on the way (q_path is q: no clamping, no re-wrapping)
         qd_out = {"fps": fps, "qd": None} if not clamp_to_limits and not self._hinge_narrow.any() else None
         q, residual, clamped, rewrapped, q_path = self._solve(
@@ -738,10 +788,15 @@ class ArticulationMotionMapper:
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
 
-    def _mapping_summary(self, q, residual, clamped, rewrapped, clamp_to_limits: bool) -> dict:
+    def _mapping_summary(
+        self, q, residual, clamped, rewrapped, clamp_to_limits: bool, *, hinge_over=None, max_residual=None
+    ) -> dict:
         """What a user must see about a mapped clip (kept in the motion's metadata): residuals, how far the
         reference leaves the joint limits (before clamping), how much clamping moved, and the hinges whose
-        frames were brought back from a wound angle (:meth:`_rewrap_narrow`)."""
+        frames were brought back from a wound angle (:meth:`_rewrap_narrow`). ``hinge_over``: ``(worst, count,
+        known)`` per hinge-table column from the fused native pass (the largest violation, the frames beyond
+        ``1e-6``, whether they hold for the final ``q``); ``max_residual``: the largest residual when known (0 by
+        construction), else read from ``residual``."""
         lay = self.layout
         scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
         viol = {}
@@ -752,16 +807,23 @@ class ArticulationMotionMapper:
             lo, hi = np.asarray(lay.dof_lower)[vcols], np.asarray(lay.dof_upper)[vcols]
             worst_over = np.zeros(len(scalar))
             count = np.zeros(len(scalar), dtype=np.int64)
+            todo = np.ones(len(scalar), dtype=bool)
+            if hinge_over is not None:  # the native pass counted these columns already
+                column = {int(c): i for i, c in enumerate(self._hinge_q)}
+                for i, b in enumerate(scalar):
+                    h = column.get(b.q_offset)
+                    if h is not None and hinge_over[2][h]:
+                        worst_over[i], count[i], todo[i] = hinge_over[0][h], int(hinge_over[1][h]), False
             contiguous = bool(np.array_equal(qcols, np.arange(qcols[0], qcols[0] + len(qcols))))
             pick = slice(int(qcols[0]), int(qcols[0]) + len(qcols)) if contiguous else qcols
-            for s in range(0, n, _SUMMARY_CHUNK):  # frame blocks: one pass, temporaries in cache
+            for s in range(0, n if todo.any() else 0, _SUMMARY_CHUNK):  # frame blocks: temporaries in cache
                 block = q[s : s + _SUMMARY_CHUNK, pick]
                 if clamp_to_limits:
                     block = block.astype(np.float64) - clamped[s : s + _SUMMARY_CHUNK, vcols]  # before clamping
-                    out = np.arange(len(scalar))
+                    out = np.flatnonzero(todo)
                 else:  # only columns whose block leaves the limits can violate them (exact comparisons)
                     mn, mx = block.min(axis=0).astype(np.float64), block.max(axis=0).astype(np.float64)
-                    out = np.flatnonzero((mn < lo) | (mx > hi))
+                    out = np.flatnonzero(((mn < lo) | (mx > hi)) & todo)
                     if out.size == 0:
                         continue
                 col = block[:, out].astype(np.float64)
@@ -776,7 +838,9 @@ class ArticulationMotionMapper:
         names = [lay.dof_names[int(v)] for v in self._hinge_v] if len(self._hinge_v) else []
         return {
             "clamp_to_limits": bool(clamp_to_limits),
-            "max_residual_angle": float(residual.max()) if residual.size else 0.0,
+            "max_residual_angle": float(max_residual)
+            if max_residual is not None
+            else (float(residual.max()) if residual.size else 0.0),
             "limit_violation_max": max((v["max"] for v in viol.values()), default=0.0),
             "limit_violation_dofs": dict(worst),
             # zeros unless clamping (never read then: a zero array's pages stay unallocated); no |.| temporary
@@ -1144,6 +1208,104 @@ class ArticulationMotionMapper:
                 out[id(g)] = self._native_cache[key]
         return out
 
+    def _native_fused(self, dtype):
+        """The fused native pass (:func:`~kangengine.animation.native_mapper.fused_kernel`) for motions of
+        ``dtype`` when this layout has one (:meth:`_fused_plan`) and ``use_native`` is on, else None."""
+        if self._fused_spec is None or not self.use_native:
+            return None
+        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            return None
+        key = ("fused", np.dtype(dtype).str)
+        if key not in self._native_cache:
+            from . import native_mapper
+
+            self._native_cache[key] = native_mapper.fused_kernel(dtype, **self._fused_spec)
+        return self._native_cache[key]
+
+    def _map_fused(self, kern, skeleton_motion: SkeletonMotion, L: np.ndarray, rt: np.ndarray) -> MappingResult:
+        """:meth:`to_articulation_motion` (no clamping) by the fused native pass: ``q`` and ``qd`` written once, the
+        limit summary from the kernel's counters, the residuals 0 by construction (free root, complete triplets).
+
+        The pass follows both tracks of every triplet with the track choice ``flip`` fixed in advance (none:
+        track 0, the one that starts on branch 0); its branch-decision sums say which track the whole clip wants,
+        and the rare clip that wants another choice is placed again with it. Frame blocks with a frame near
+        gimbal lock or a zero quaternion get their branch-0 angles from numpy (:meth:`_fast_block`) and are
+        placed by the kernel's second entry. Hinges whose series needs a 2 pi shift into its limits are shifted
+        afterwards (their summary columns counted again)."""
+        lay = self.layout
+        g = self._groups[0]
+        N, dt, fps = L.shape[0], L.dtype, skeleton_motion.fps
+        L = np.ascontiguousarray(L)
+        if rt.strides[1] != rt.itemsize:
+            rt = np.ascontiguousarray(rt)
+        q = np.empty((N, lay.nq), dtype=dt)
+        qd = np.empty((N, lay.nv), dtype=dt)
+        flip = np.zeros(len(g.bodies), dtype=bool)
+        redo: set = set()
+        scratch: list = []
+        for _ in range(2):
+            state = kern.new_state()
+            redo = self._fused_pass(kern, g, L, rt, q, qd, flip, state, fps, redo, scratch)
+            want = kern.body(state, "total") - 2.0 * kern.body(state, "on") < 0  # track 1 is cheaper
+            if np.array_equal(want, flip):
+                break
+            flip = want
+        step = 1.0 / float(fps)
+        qd[0] = lay.difference(q[1], q[0], step)
+        qd[-1] = lay.difference(q[-1], q[-2], step)
+        nh = len(self._hinge_q)
+        table = {}
+        for name in ("min", "max", "count"):
+            table[name] = np.empty(nh)
+            table[name][g.hinge_cols] = kern.hinge(state, name)
+        # the largest violation of each series follows from its min and max (0 for unlimited hinges)
+        worst = np.maximum(np.maximum(self._hinge_lo - table["min"], table["max"] - self._hinge_hi), 0.0)
+        shift = self._turn_shift(q[0, self._hinge_q].astype(np.float64), table["min"], table["max"])
+        moved = np.flatnonzero(shift != 0)
+        if moved.size:
+            q[:, self._hinge_q[moved]] += (_TWO_PI * shift[moved]).astype(dt)
+        residual = np.zeros((N, lay.num_bodies), dtype=dt)  # free root and complete triplets: 0 by construction
+        clamped = np.zeros((N, lay.nv), dtype=dt)
+        meta = dict(skeleton_motion.metadata)
+        meta["mapper"] = self._mapping_summary(
+            q,
+            residual,
+            clamped,
+            np.zeros(nh, dtype=np.int64),
+            False,
+            hinge_over=(worst, table["count"], shift == 0),
+            max_residual=0.0,
+        )
+        args = (q, qd, fps, lay.model_signature)
+        if kern.nonfinite(state):  # refused as ArticulationMotion refuses it, naming the frame and column
+            ArticulationMotion(*args, joint_names=lay.joint_names, metadata=meta)
+        motion = ArticulationMotion(*args, joint_names=lay.joint_names, metadata=meta, skip_checks=True)
+        return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
+
+    def _fused_pass(self, kern, g, L, rt, q, qd, flip, state, fps, redo: set, scratch: list) -> set:
+        """One pass of the fused kernel over all frames in blocks of ``_CHUNK``; the blocks in ``redo`` (and any
+        the kernel refuses: gimbal lock, zero quaternions) get their branch-0 angles from numpy. Returns the
+        blocks numpy did."""
+        N = L.shape[0]
+        done = set()
+        run = kern.bind(L, rt, q, qd, flip, state, fps)
+        placed = None  # the runner of numpy-angle blocks, bound on the first such block
+        for s in range(0, N, _CHUNK):
+            e = min(s + _CHUNK, N)
+            if s not in redo and run(s, e, 0) == 0:
+                continue
+            done.add(s)
+            Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
+            self._check_nonzero(Lt, s)
+            if not scratch:  # rows of the blocks numpy does (untouched pages cost nothing)
+                scratch += [np.zeros((N, len(g.bodies)), dtype=L.dtype), np.zeros((N, len(g.bodies)), dtype=bool)]
+            dc, cr = scratch
+            carry = {id(g): tuple(kern.body(state, x).astype(L.dtype) for x in ("t1", "alpha", "t3"))} if s else {}
+            self._fast_block(g, self._group_comps(g, Lt), q, s, e, cr, dc, carry, True)
+            placed = placed or kern.bind(L, rt, q, qd, flip, state, fps, dc, cr)
+            placed(s, e, 1)
+        return done
+
     def _native_place(self, dtype, fast, contiguous: bool):
         """The native second pass of :meth:`_place_hinges` over time when one native 3-hinge group holds every
         hinge and the hinge columns of q are contiguous (the SMPL humanoid), else None."""
@@ -1357,6 +1519,16 @@ class ArticulationMotionMapper:
             q[s:e, cols_q] = qv
         if not time_axis or N == 0:
             return
+        shift = self._turn_shift(first, qmin, qmax)
+        moved = np.flatnonzero(shift != 0)
+        if moved.size:
+            q[:, hq[moved]] += (_TWO_PI * shift[moved]).astype(dt)
+
+    def _turn_shift(self, first, qmin, qmax) -> np.ndarray:
+        """``[hinges]`` turns to add to each unwrapped hinge series (first value, min and max ``[hinges]``): the
+        shift that puts the series inside the limits or overshoots them least; unlimited hinges: frame 0 within
+        pi of ``ref``."""
+        center = self._hinge_center
         shift = -np.rint((first - center) / _TWO_PI)
         lim = self._hinge_limited
         if lim.any():
@@ -1372,9 +1544,7 @@ class ArticulationMotionMapper:
                 best = np.where(take, k, best)
                 best_v = np.where(take, v, best_v)
             shift[lim] = best
-        moved = np.flatnonzero(shift != 0)
-        if moved.size:
-            q[:, hq[moved]] += (_TWO_PI * shift[moved]).astype(dt)
+        return shift
 
     def _rewrap_narrow(self, q: np.ndarray) -> np.ndarray:
         """A hinge whose limits span less than 2 pi cannot wind: every frame of it that lies more than pi

@@ -43,11 +43,15 @@ class ArticulationMotion:
         layout_signature: the ``model_signature`` of the layout ``q`` belongs to.
         joint_names: the layout's joint (block) names, kept for files and messages.
         metadata: JSON-serialisable extras (source clip, mapping options, ...).
+        skip_checks: do not scan ``q`` and ``qd`` for non-finite values (for producers that checked them on
+            the way, e.g. the mapper's native pass); shapes and ``fps`` are still checked.
     """
 
     __slots__ = ("q", "qd", "_fps", "layout_signature", "joint_names", "metadata")
 
-    def __init__(self, q, qd, fps: float, layout_signature: str, *, joint_names=(), metadata=None):
+    def __init__(
+        self, q, qd, fps: float, layout_signature: str, *, joint_names=(), metadata=None, skip_checks: bool = False
+    ):
         q = np.ascontiguousarray(q, dtype=np.float32)
         qd = np.ascontiguousarray(qd, dtype=np.float32)
         if q.ndim != 2 or qd.ndim != 2 or q.shape[0] != qd.shape[0]:
@@ -57,7 +61,7 @@ class ArticulationMotion:
             )
         if q.shape[0] == 0:
             raise ShapeError("zero frames; expected at least one", item="ArticulationMotion")
-        for name, a in (("q", q), ("qd", qd)):
+        for name, a in () if skip_checks else (("q", q), ("qd", qd)):
             if not np.isfinite(a).all():
                 bad = np.argwhere(~np.isfinite(a))[0]
                 raise NonFiniteError(f"non-finite value at frame {bad[0]}, column {bad[1]}", item=name)

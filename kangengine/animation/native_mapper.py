@@ -31,6 +31,7 @@ come from there). Compiled code is cached on disk like the forward-kinematics ke
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 
@@ -39,15 +40,38 @@ import numpy as np
 from ..errors import ShapeError
 from .kinematics import native as _native
 
-__all__ = ["EulerBlockKernel", "PlaceKernel", "euler_block_ir", "euler_block_kernel", "place_ir", "place_kernel"]
+__all__ = [
+    "EulerBlockKernel",
+    "FusedKernel",
+    "PlaceKernel",
+    "euler_block_ir",
+    "euler_block_kernel",
+    "fused_ir",
+    "fused_kernel",
+    "place_ir",
+    "place_kernel",
+]
 
 _W = 8  # bodies per SIMD vector (float64: one AVX-512 register, two AVX2 ones)
-_ATAN_TERMS = 12  # u, u^3 / 3, ..., u^23 / 23: |u| <= tan(pi/8), truncation < 1.2e-11 rad
+_ATAN_DEGREE = 8  # atan(u) / u as a polynomial of degree 8 in u^2 on |u| <= tan(pi/8): error < 2e-14 rad
 _FMA = ("contract",)  # the series may fuse multiply-adds
 _LOCK_MARGIN = 1e-3  # rad from gimbal lock: the block is left to numpy
 _KERNELS: dict = {}
 _LOCK = threading.Lock()
 _AXIS = {"x": 0, "y": 1, "z": 2}
+
+
+@functools.cache
+def _atan_coefficients(degree: int = _ATAN_DEGREE) -> tuple[float, ...]:
+    """Coefficients ``c_0 .. c_degree`` of ``atan(u) / u ~ sum c_m u^(2m)`` on ``|u| <= tan(pi/8)``: a least-squares
+    fit at Chebyshev nodes of ``u^2`` (near-minimax; the error of ``u p(u^2)`` stays below ``2e-14`` rad, where
+    the Taylor series needs twelve terms for ``1.2e-11``)."""
+    top = math.tan(math.pi / 8) ** 2
+    m = 4 * degree
+    x = (np.cos(np.pi * (np.arange(m) + 0.5) / m) + 1.0) * (0.5 * top)
+    u = np.sqrt(x)
+    fit = np.polynomial.chebyshev.Chebyshev.fit(x, np.arctan(u) / u, degree, domain=[0.0, top])
+    return tuple(float(c) for c in fit.convert(kind=np.polynomial.Polynomial, domain=[-1, 1], window=[-1, 1]).coef)
 
 
 def _euler_plan(order: str):
@@ -65,10 +89,11 @@ def _euler_plan(order: str):
 class _Builder:
     """IR helpers over ``<_W x double>`` vectors for one module (``T``: the stored dtype)."""
 
-    def __init__(self, ir, mod, b, T):
+    def __init__(self, ir, mod, b, T, width: int = _W):
         self.ir, self.mod, self.b, self.T = ir, mod, b, T
+        self.W = width  # 0: scalar doubles (the root of the fused kernel)
         self.D = ir.DoubleType()
-        self.V = ir.VectorType(self.D, _W)
+        self.V = self.D if width == 0 else ir.VectorType(self.D, width)
         self.I64, self.I8 = ir.IntType(64), ir.IntType(8)
         self.f32 = isinstance(T, ir.FloatType)
         self.fabs, self.sqrt, self.rint = (self.intrinsic(x, 1) for x in ("fabs", "sqrt", "rint"))
@@ -76,13 +101,17 @@ class _Builder:
 
     def intrinsic(self, name, arity):
         ir = self.ir
-        return ir.Function(self.mod, ir.FunctionType(self.V, [self.V] * arity), name=f"llvm.{name}.v{_W}f64")
+        suffix = "f64" if self.W == 0 else f"v{self.W}f64"
+        full = f"llvm.{name}.{suffix}"
+        if full in self.mod.globals:  # declared by another function of the module
+            return self.mod.globals[full]
+        return ir.Function(self.mod, ir.FunctionType(self.V, [self.V] * arity), name=full)
 
     def i64(self, v):
         return self.ir.Constant(self.I64, int(v))
 
     def splat(self, v):
-        return self.ir.Constant(self.V, [float(v)] * _W)
+        return self.ir.Constant(self.V, float(v) if self.W == 0 else [float(v)] * self.W)
 
     def call(self, fn, *args):
         return self.b.call(fn, list(args))
@@ -93,8 +122,8 @@ class _Builder:
         return b.fsub(x, b.fmul(r, self.splat(2.0 * math.pi)))
 
     def atan2(self, y, x):
-        """Octant reduction to ``|u| <= tan(pi/8)``, one division, the odd series of atan to
-        ``u^(2 _ATAN_TERMS - 1)``; ``atan2(+-0, x < 0) = +-pi`` as numpy (callers pass ``+0.0``)."""
+        """Octant reduction to ``|u| <= tan(pi/8)``, one division, a near-minimax polynomial of ``atan(u) / u`` in
+        ``u^2`` (:func:`_atan_coefficients`); ``atan2(+-0, x < 0) = +-pi`` as numpy (callers pass ``+0.0``)."""
         b, sp = self.b, self.splat
         zero = sp(0.0)
         ax, ay = self.call(self.fabs, x), self.call(self.fabs, y)
@@ -104,9 +133,10 @@ class _Builder:
         den = b.select(big, b.fadd(mn, mx), mx)
         u = b.fdiv(num, b.select(b.fcmp_ordered("==", den, zero), sp(1.0), den))
         u2 = b.fmul(u, u)
-        p = sp((-1) ** (_ATAN_TERMS - 1) / (2 * _ATAN_TERMS - 1))
-        for m in range(_ATAN_TERMS - 2, -1, -1):
-            p = b.fadd(b.fmul(p, u2, flags=_FMA), sp((-1) ** m / (2 * m + 1)), flags=_FMA)
+        coef = _atan_coefficients()
+        p = sp(coef[-1])
+        for c in coef[-2::-1]:
+            p = b.fadd(b.fmul(p, u2, flags=_FMA), sp(c), flags=_FMA)
         r = b.fadd(b.fmul(u, p, flags=_FMA), b.select(big, sp(math.pi / 4), zero), flags=_FMA)
         r = b.select(b.fcmp_ordered(">", ay, ax), b.fsub(sp(math.pi / 2), r), r)
         r = b.select(b.fcmp_ordered("<", x, zero), b.fsub(sp(math.pi), r), r)
@@ -173,6 +203,15 @@ class _Builder:
             for h in range(3):
                 self.scatter(row, [int(c[h]) for c in cols], out[h], self.T)
 
+    def load_angles(self, row, cols):
+        """The three vectors :meth:`store_angles` writes, read back from q columns ``cols [m][3]`` (widened)."""
+        m, q0 = len(cols), int(cols[0][0])
+        if all(int(cols[x][h]) == q0 + 3 * x + h for x in range(m) for h in range(3)):
+            raw = self.vload(row, q0, 3 * m, self.T)
+            pick = [[3 * min(x, m - 1) + h for x in range(_W)] for h in range(3)]
+            return [self.widen(self.b.shuffle_vector(raw, raw, self.mask(p))) for p in pick]
+        return [self.gather(row, [int(c[h]) for c in cols], self.T) for h in range(3)]
+
     def euler(self, comp, order, signs):
         """Branch 0 ``(t1, t2, t3)`` and the middle angle in ``[0, pi]`` (:func:`quat_to_euler`'s closed form)
         and the sum of squares of the components."""
@@ -186,7 +225,9 @@ class _Builder:
             bb, ds = (b.fadd(qi, qk), b.fsub(qk, qi)) if s > 0 else (b.fsub(qi, qk), b.fadd(qk, qi))
         ab2 = b.fadd(b.fmul(a_, a_), b.fmul(bb, bb))
         cd2 = b.fadd(b.fmul(c_, c_), b.fmul(ds, ds))
-        middle = b.fmul(self.splat(2.0), self.atan2(self.call(self.sqrt, cd2), self.call(self.sqrt, ab2)))
+        # 2 atan2(|(c, d)|, |(a, b)|) as one atan2 of the double angle: one square root instead of two
+        root = self.call(self.sqrt, b.fmul(ab2, cd2))
+        middle = self.atan2(b.fmul(self.splat(2.0), root), b.fsub(ab2, cd2))
         P, Q, bc, ac = b.fmul(a_, ds), b.fmul(bb, ds), b.fmul(bb, c_), b.fmul(a_, c_)
         y1 = b.fsub(bc, P) if s > 0 else b.fadd(bc, P)
         if symmetric:
@@ -562,3 +603,506 @@ def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
                 kern = None
         _KERNELS[key] = kern
         return kern
+
+
+# -- the fused pass: every output of a motion on the SMPL-like layout in one pass over the frames -------------
+
+_BODY_SLOTS = ("t1", "alpha", "t3", "parity", "total", "on")  # per body: branch 0 of the frame before, tracks
+_HINGE_SLOTS = ("prev", "turns", "min", "max", "count")  # per (body, hinge)
+_NONFINITE_SLOT = len(_BODY_SLOTS) + 3 * len(_HINGE_SLOTS)
+_ROOT_SLOTS = 6  # normalised root quaternion of the frame before (4), its sign, the non-finite flag
+_OVER_TOL = 1e-6  # a limit violation counts above this (the mapper's summary)
+
+
+def fused_ir(
+    dtype,
+    num_bodies: int,
+    bodies,
+    qcols,
+    vcols,
+    order: str,
+    signs,
+    phi: float,
+    weight: float,
+    limits,
+    refs,
+    root_body: int,
+    root_q: int,
+    root_v: int,
+    nq: int,
+    nv: int,
+) -> str:
+    """LLVM IR of the fused pass over a frame range of a motion whose articulation is a free root plus one group
+    of x/y/z hinge triplets with limits that never bind (the SMPL humanoid): per frame it reads each local
+    quaternion once and writes, in registers (float64, ``<8 x double>`` over bodies), the chosen branch of each
+    triplet (the track of :meth:`~kangengine.animation.ArticulationMotionMapper._place_hinges`, fixed by ``flip``),
+    unwrapped against the frame before plus ``ref``; the root translation and sign-continuous unit quaternion;
+    and ``qd`` of the frame before (central differences, the root's angular velocity as the rotation vector of
+    ``Q[t+1] Q[t-1]^-1``), while it keeps the track parity and branch-decision sums, the first value, min and max
+    of each hinge, the largest limit violation and the count of frames beyond ``1e-6`` per hinge and a
+    non-finite flag (the state, float64, carried across calls).
+
+    ``bodies [k]``, ``qcols``/``vcols [k, 3]`` the q and qd columns of each body's hinges, ``order``/``signs``/
+    ``phi``/``weight`` as :func:`euler_block_ir`, ``limits [k, 3, 2]`` (lower, upper; +-inf when unlimited),
+    ``refs [k, 3]``; the free root of body ``root_body`` at q columns ``root_q .. root_q + 7`` and qd columns
+    ``root_v .. root_v + 6``. Two functions, ``i64 fused0`` (angles from the quaternions; returns the count of
+    (frame, body) pairs near gimbal lock or with a zero quaternion, and then leaves the state untouched: the
+    caller redoes the range) and ``i64 fused1`` (the branch-0 angles already in q's hinge columns, their cost
+    differences and crossing flags in ``dc``/``cr [N, k]``: numpy's :meth:`_fast_block` for such ranges), both
+    ``(T* L, T* root, i64 root_stride, T* q, T* qd, T* dc, i8* cr, i8* flip, double* state, i64 s, i64 e,
+    double inv_two_dt)`` over frames ``s .. e - 1`` (``e > s``) of the whole arrays ``L [N, num_bodies, 4]``,
+    ``q [N, nq]``, ``qd [N, nv]`` (contiguous); ``qd`` rows ``1 .. N - 2`` are written (row ``t - 1`` once frame
+    ``t >= 2`` is placed), the caller writes rows 0 and ``N - 1``."""
+    from llvmlite import ir
+
+    T = ir.FloatType() if np.dtype(dtype) == np.dtype(np.float32) else ir.DoubleType()
+    mod = ir.Module(name="mapper_fused")
+    spec = dict(num_bodies=num_bodies, bodies=[int(x) for x in bodies], qcols=_ints(qcols), vcols=_ints(vcols))
+    spec.update(order=order, signs=tuple(map(float, signs)), phi=float(phi), weight=float(weight))
+    spec.update(limits=np.asarray(limits, dtype=float).tolist(), refs=np.asarray(refs, dtype=float).tolist())
+    spec.update(root_body=int(root_body), root_q=int(root_q), root_v=int(root_v), nq=int(nq), nv=int(nv))
+    for mode in (0, 1):
+        _FusedEmitter(ir, mod, T, mode, spec).emit()
+    return str(mod)
+
+
+def _fused_state_size(k: int) -> int:
+    nch = -(-k // _W)
+    return (_NONFINITE_SLOT + 1) * nch * _W + _ROOT_SLOTS
+
+
+class _FusedEmitter:
+    """Emits one function of :func:`fused_ir` (``mode`` 0 or 1) into ``mod``; ``spec`` the layout constants.
+
+    The frame range is walked once per chunk of 8 bodies and once for the root (each loop's running values fit
+    in the vector registers; a range of 4096 frames is 1.5 MB of quaternions, so the later loops read it from
+    the cache); the values of frame ``t - 2`` that the central differences need are read back from ``q``."""
+
+    def __init__(self, ir, mod, T, mode: int, spec: dict):
+        self.ir, self.mod, self.T, self.mode, self.spec = ir, mod, T, mode, spec
+        self.D, self.I64, self.I8 = ir.DoubleType(), ir.IntType(64), ir.IntType(8)
+        k = len(spec["bodies"])
+        self.chunks = [list(range(c, min(c + _W, k))) for c in range(0, k, _W)]
+        self.nch = len(self.chunks)
+        self.nvec = _NONFINITE_SLOT + 1
+        self.root_off = self.nvec * self.nch * _W
+
+    # -- small helpers ---------------------------------------------------------------------------------
+    def slot(self, r, c):
+        return (r * self.nch + c) * _W
+
+    @staticmethod
+    def hslot(name, h):
+        return len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h
+
+    def lane_consts(self, ch, table, *index, offset=0.0):  # a constant vector of table[body][index...] + offset
+        out = []
+        for j in (ch[min(x, len(ch) - 1)] for x in range(_W)):
+            v = table[j]
+            for i in index:
+                v = v[i]
+            out.append(float(v) + offset)
+        return self.ir.Constant(self.B.V, out)
+
+    def padded_load(self, base, offset, m, ty):  # m contiguous values, the last repeated into the unused lanes
+        B = self.B
+        raw = B.vload(base, offset, m, ty)
+        return raw if m == _W else self.b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(_W)]))
+
+    def finite(self, v, builder):
+        return self.b.fcmp_ordered("<", builder.call(builder.fabs, v), builder.splat(math.inf))
+
+    def any_lane(self, mask):  # <W x i1> -> i64 (nonzero when a lane is set)
+        return self.b.zext(self.b.bitcast(mask, self.ir.IntType(_W)), self.I64)
+
+    # -- the function ----------------------------------------------------------------------------------
+    def emit(self):
+        ir, D, I64, I8, T = self.ir, self.D, self.I64, self.I8, self.T
+        args = [T.as_pointer(), T.as_pointer(), I64, T.as_pointer(), T.as_pointer(), T.as_pointer(), I8.as_pointer()]
+        args += [I8.as_pointer(), D.as_pointer(), I64, I64, D]
+        fn = self.fn = ir.Function(self.mod, ir.FunctionType(I64, args), name=f"fused{self.mode}")
+        self.pL, self.prt, self.rts, self.pq, self.pqd, self.pdc, self.pcr, pflip, pst, self.s, self.e, inv2dt = fn.args
+        for a in (self.pL, self.prt, self.pq, self.pqd, self.pdc, self.pcr, pflip, pst):
+            a.add_attribute("noalias")
+        entry = fn.append_basic_block("entry")
+        b = self.b = ir.IRBuilder(entry)
+        B = self.B = _Builder(ir, self.mod, b, T)
+        self.S = _Builder(ir, self.mod, b, T, width=0)
+        V = B.V
+        self.copysign = B.intrinsic("copysign", 2)
+        self.I1V, self.I8V = ir.VectorType(ir.IntType(1), _W), ir.VectorType(I8, _W)
+        self.inv2dt = inv2dt
+        v = b.insert_element(ir.Constant(V, ir.Undefined), inv2dt, B.i64(0))
+        self.inv2dt_v = b.shuffle_vector(v, v, B.mask([0] * _W))
+        bad = B.i64(0)
+        finals = []
+        for c, ch in enumerate(self.chunks):
+            init = [B.vload(pst, self.slot(r, c), _W, D) for r in range(self.nvec)]
+            flip = b.icmp_unsigned("!=", self.padded_load(pflip, ch[0], len(ch), I8), ir.Constant(self.I8V, [0] * _W))
+            fin, bad = self.loop(f"c{c}", init, bad, lambda cur, c=c, ch=ch, flip=flip: self.chunk(ch, cur, flip))
+            finals.append(fin)
+        init = [b.load(b.gep(pst, [B.i64(self.root_off + i)])) for i in range(_ROOT_SLOTS)]
+        root_final, bad = self.loop("root", init, bad, self.root)
+        keep, out = fn.append_basic_block("keep"), fn.append_basic_block("out")
+        ok = b.icmp_signed("==", bad, B.i64(0)) if self.mode == 0 else ir.Constant(ir.IntType(1), 1)
+        b.cbranch(ok, keep, out)
+        b.position_at_end(keep)
+        for c, fin in enumerate(finals):
+            for r, x in enumerate(fin):
+                B.vstore(pst, self.slot(r, c), x, D)
+        for i, x in enumerate(root_final):
+            b.store(x, b.gep(pst, [B.i64(self.root_off + i)]))
+        b.branch(out)
+        b.position_at_end(out)
+        b.ret(bad)
+
+    def loop(self, name, init, bad_in, body):
+        """A loop over frames ``s .. e - 1`` carrying ``init`` (and the bad flags); ``body(cur)`` returns the next
+        values, the bad flags of this frame (i64) and a callback storing the rates of the frame before (run from
+        frame 2 on). Returns the final values and flags (the loop runs at least once)."""
+        b, B = self.b, self.B
+        pre = b.block
+        head = self.fn.append_basic_block(f"{name}_loop")
+        b.branch(head)
+        b.position_at_end(head)
+        f, bad = b.phi(self.I64, "f"), b.phi(self.I64, "bad")
+        f.add_incoming(self.s, pre)
+        bad.add_incoming(bad_in, pre)
+        cur = [b.phi(x.type) for x in init]
+        for p, x in zip(cur, init):
+            p.add_incoming(x, pre)
+        self.frame = f
+        self.fresh = b.icmp_signed("==", f, B.i64(0))
+        self.write_qd = b.icmp_signed(">=", f, B.i64(2))
+        self.qrow = b.gep(self.pq, [b.mul(f, B.i64(self.spec["nq"]))])
+        fm2 = b.select(self.write_qd, b.sub(f, B.i64(2)), f)  # row t - 2 (read only from frame 2 on)
+        self.qrow2 = b.gep(self.pq, [b.mul(fm2, B.i64(self.spec["nq"]))])
+        self.qdrow = b.gep(self.pqd, [b.mul(b.add(fm2, B.i64(1)), B.i64(self.spec["nv"]))])
+        self.lrow = b.gep(self.pL, [b.mul(f, B.i64(self.spec["num_bodies"] * 4))])
+        nxt, flags, store_rates = body(cur)
+        with b.if_then(self.write_qd):
+            store_rates()
+        f1 = b.add(f, B.i64(1))
+        new_bad = b.or_(bad, flags)
+        end = b.block
+        f.add_incoming(f1, end)
+        bad.add_incoming(new_bad, end)
+        for p, x in zip(cur, nxt):
+            p.add_incoming(x, end)
+        after = self.fn.append_basic_block(f"{name}_done")
+        b.cbranch(b.icmp_signed("<", f1, self.e), head, after)
+        b.position_at_end(after)
+        return nxt, new_bad
+
+    def branch0(self, ch, cur):
+        """Branch-0 angles, cost difference, crossing flag, ``alpha`` and the bad flags of this frame."""
+        b, B, sp, ir, spec = self.b, self.B, self.B.splat, self.ir, self.spec
+        m, phi = len(ch), spec["phi"]
+        if self.mode == 0:
+            quats = B.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
+            raw, middle, norm2 = B.euler(quats, spec["order"], spec["signs"])
+            lock = b.or_(
+                b.fcmp_unordered("<", middle, sp(_LOCK_MARGIN)),
+                b.fcmp_unordered(">", middle, sp(math.pi - _LOCK_MARGIN)),
+            )
+            flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, sp(0.0))))
+            dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
+            cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
+            cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * _W), cr)
+        else:
+            krow = b.mul(self.frame, B.i64(len(spec["bodies"])))
+            raw = B.load_angles(self.qrow, [spec["qcols"][j] for j in ch])
+            dc = B.widen(self.padded_load(b.gep(self.pdc, [krow]), ch[0], m, self.T))
+            marks = self.padded_load(b.gep(self.pcr, [krow]), ch[0], m, self.I8)
+            cr = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * _W))
+            alpha = B.call(B.fabs, B.wrap(b.fsub(raw[1], sp(phi))))
+            flags = B.i64(0)
+        return raw, dc, cr, alpha, flags
+
+    def chunk(self, ch, cur, flip):
+        """Frame ``f`` of one chunk of up to 8 bodies."""
+        b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
+        raw, dc, cr, alpha, flags = self.branch0(ch, cur)
+        par = b.select(cr, b.fsub(sp(1.0), cur[3]), cur[3])
+        on_track1 = b.fcmp_ordered("==", par, sp(1.0))
+        total = b.fadd(cur[4], dc)
+        on = b.fadd(cur[5], b.select(on_track1, dc, sp(0.0)))
+        other = b.xor(on_track1, flip)  # this frame takes branch 1
+        nxt = [None] * self.nvec
+        nxt[:6] = [raw[0], alpha, raw[2], par, total, on]
+        placed = []
+        for h in range(3):
+            g = {name: cur[self.hslot(name, h)] for name in _HINGE_SLOTS}
+            upd, qv = self.place(ch, h, raw[h], other, g)
+            placed.append(qv)
+            for name, x in upd.items():
+                nxt[self.hslot(name, h)] = x
+        nonfinite = cur[_NONFINITE_SLOT]
+        if self.mode == 1:  # numpy's angles may be NaN (NaN input); the kernel's own never are (gimbal test)
+            bad = self.finite(placed[0], B)
+            bad = b.not_(b.and_(b.and_(bad, self.finite(placed[1], B)), self.finite(placed[2], B)))
+            nonfinite = b.select(bad, sp(1.0), nonfinite)
+        nxt[_NONFINITE_SLOT] = nonfinite
+        cols = [spec["qcols"][j] for j in ch]
+        B.store_angles(self.qrow, cols, placed)
+
+        def store_rates():  # (q[t] - q[t-2]) / (2 dt) into row t - 1
+            back = B.load_angles(self.qrow2, cols)
+            rates = [b.fmul(b.fsub(x, y), self.inv2dt_v) for x, y in zip(placed, back)]
+            B.store_angles(self.qdrow, [spec["vcols"][j] for j in ch], rates)
+
+        return nxt, flags, store_rates
+
+    def place(self, ch, h, t, other, g):
+        """Hinge ``h`` of the chunk: the chosen branch, unwrapped, plus ``ref``, rounded to the stored dtype, and
+        the updated running values (turns, min, max, frames beyond the limits by more than ``1e-6``)."""
+        b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
+        two_pi = 2.0 * math.pi
+        if h == 1:  # branch 1 of the middle angle: wrap(2 phi - t) in (-pi, pi]
+            y = B.wrap(b.fsub(sp(2.0 * spec["phi"]), t))
+            y = b.select(b.fcmp_ordered(">", y, sp(math.pi)), b.fsub(y, sp(two_pi)), y)
+            alt = b.select(b.fcmp_ordered("<=", y, sp(-math.pi)), b.fadd(y, sp(two_pi)), y)
+        else:  # outer angles: t - pi sign(t)
+            alt = b.fsub(t, B.call(self.copysign, sp(math.pi), t))
+        t = b.select(other, alt, t)
+        # t is in [-pi, pi] and prev starts at 0: the first frame's jump is rint(<= 1/2) = 0 without a test
+        jump = B.call(B.rint, b.fmul(b.fsub(t, g["prev"]), sp(1.0 / two_pi)))
+        turns = b.fadd(g["turns"], jump)
+        ref = self.lane_consts(ch, spec["refs"], h)
+        qv = B.widen(B.narrow(b.fadd(t, b.fsub(ref, b.fmul(turns, sp(two_pi))))))  # the stored value
+        # frames beyond the limits by more than 1e-6 (the largest violation follows from min and max)
+        lo = self.lane_consts(ch, spec["limits"], h, 0, offset=-_OVER_TOL)
+        hi = self.lane_consts(ch, spec["limits"], h, 1, offset=_OVER_TOL)
+        beyond = b.or_(b.fcmp_ordered("<", qv, lo), b.fcmp_ordered(">", qv, hi))
+        upd = {
+            "prev": t,
+            "turns": turns,
+            "min": B.call(B.vmin, g["min"], qv),  # the state starts at +inf / -inf
+            "max": B.call(B.vmax, g["max"], qv),
+            "count": b.fadd(g["count"], b.select(beyond, sp(1.0), sp(0.0))),
+        }
+        return upd, qv
+
+    def root(self, r):
+        """Frame ``f`` of the free root: translation, sign-continuous unit quaternion (``w >= 0`` at frame 0) and
+        the rates of the frame before (origin velocity, angular velocity in world)."""
+        b, S, B, spec, T = self.b, self.S, self.B, self.spec, self.T
+        rb, rq, rv = spec["root_body"], spec["root_q"], spec["root_v"]
+        comp = [S.widen(b.load(b.gep(self.lrow, [B.i64(rb * 4 + i)]))) for i in range(4)]
+        n2 = _sum_sq(b, comp)
+        flags = b.zext(b.fcmp_ordered("==", n2, S.splat(0.0)), self.I64)
+        inv = b.fdiv(S.splat(1.0), S.call(S.sqrt, n2))
+        qn = [b.fmul(x, inv) for x in comp]
+        dot = b.fadd(b.fadd(b.fmul(qn[0], r[0]), b.fmul(qn[1], r[1])), b.fadd(b.fmul(qn[2], r[2]), b.fmul(qn[3], r[3])))
+        sgn = b.select(b.fcmp_ordered("<", dot, S.splat(0.0)), b.fsub(S.splat(0.0), r[4]), r[4])
+        start = b.select(b.fcmp_ordered("<", qn[0], S.splat(0.0)), S.splat(-1.0), S.splat(1.0))
+        sgn = b.select(self.fresh, start, sgn)
+        bad = b.not_(self.finite(n2, S))
+        Q, P = [], []
+        for i in range(4):
+            x = b.fmul(qn[i], sgn)
+            xt = b.fptrunc(x, T) if B.f32 else x
+            b.store(xt, b.gep(self.qrow, [B.i64(rq + 3 + i)]))
+            Q.append(S.widen(xt))
+        rrow = b.gep(self.prt, [b.mul(self.frame, self.rts)])
+        for i in range(3):
+            x = b.load(b.gep(rrow, [B.i64(i)]))
+            b.store(x, b.gep(self.qrow, [B.i64(rq + i)]))
+            P.append(S.widen(x))
+            bad = b.or_(bad, b.not_(self.finite(P[-1], S)))
+        nonfinite = b.select(bad, S.splat(1.0), r[5])
+
+        def store_rates():
+            back = [S.widen(b.load(b.gep(self.qrow2, [B.i64(rq + i)]))) for i in range(7)]
+            lin = [b.fmul(b.fsub(P[i], back[i]), self.inv2dt) for i in range(3)]
+            ang = _rotvec_rate(b, S, Q, back[3:], self.inv2dt)
+            for i, x in enumerate(lin + ang):
+                b.store(b.fptrunc(x, T) if B.f32 else x, b.gep(self.qdrow, [B.i64(rv + i)]))
+
+        return qn + [sgn, nonfinite], flags, store_rates
+
+
+def _sum_sq(b, xs):
+    out = b.fmul(xs[0], xs[0])
+    for x in xs[1:]:
+        out = b.fadd(out, b.fmul(x, x))
+    return out
+
+
+def _rotvec_rate(b, S, Q, Q2, inv2dt):
+    """``quat_to_rotvec(Q Q2^-1) * inv2dt`` in scalars (:func:`~kangengine.rotations.quat_to_rotvec`: the shortest
+    rotation, the series of ``2 atan(r) / n`` below the small-angle bound)."""
+    aw, ax, ay, az = Q
+    cw, cx, cy, cz = Q2[0], b.fsub(S.splat(0.0), Q2[1]), b.fsub(S.splat(0.0), Q2[2]), b.fsub(S.splat(0.0), Q2[3])
+
+    def comb(*terms):  # sum of +-products
+        out = None
+        for sign, x, y in terms:
+            t = b.fmul(x, y)
+            out = t if out is None else (b.fadd(out, t) if sign > 0 else b.fsub(out, t))
+        return out
+
+    rw = comb((1, aw, cw), (-1, ax, cx), (-1, ay, cy), (-1, az, cz))
+    rx = comb((1, aw, cx), (1, ax, cw), (1, ay, cz), (-1, az, cy))
+    ry = comb((1, aw, cy), (-1, ax, cz), (1, ay, cw), (1, az, cx))
+    rz = comb((1, aw, cz), (1, ax, cy), (-1, ay, cx), (1, az, cw))
+    flip = b.fcmp_ordered("<", rw, S.splat(0.0))
+    rw, rx, ry, rz = (b.select(flip, b.fsub(S.splat(0.0), v), v) for v in (rw, rx, ry, rz))
+    n2 = b.fadd(b.fadd(b.fmul(rx, rx), b.fmul(ry, ry)), b.fmul(rz, rz))
+    small_angle = 1e-3  # rotations._SMALL_ANGLE
+    small = b.fcmp_ordered("<", n2, b.fmul(S.splat(small_angle**2), b.fmul(rw, rw)))
+    n = S.call(S.sqrt, b.select(small, S.splat(1.0), n2))
+    safe_w = b.select(small, rw, S.splat(1.0))
+    r2 = b.fdiv(n2, b.fmul(safe_w, safe_w))
+    series = b.fadd(b.fsub(S.splat(1.0), b.fmul(r2, S.splat(1.0 / 3.0))), b.fmul(b.fmul(r2, r2), S.splat(0.2)))
+    series = b.fmul(b.fdiv(S.splat(2.0), safe_w), series)
+    exact = b.fdiv(b.fmul(S.splat(2.0), S.atan2(n, rw)), n)
+    scale = b.fmul(b.select(small, series, exact), inv2dt)
+    return [b.fmul(v, scale) for v in (rx, ry, rz)]
+
+
+class FusedKernel:
+    """The compiled :func:`fused_ir` pair (:meth:`bind` checks the arrays and returns the runner) and readers of
+    the state (:meth:`body`, :meth:`hinge`, :meth:`nonfinite`)."""
+
+    def __init__(self, engine, addresses, dtype, num_bodies: int, k: int, nq: int, nv: int):
+        self._engine = engine
+        self.dtype, self.num_bodies, self.k, self.nq, self.nv = np.dtype(dtype), num_bodies, k, nq, nv
+        self.from_cache = False
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        proto = ctypes.CFUNCTYPE(i64, vp, vp, i64, vp, vp, vp, vp, vp, vp, i64, i64, ctypes.c_double)
+        self._fns = [proto(a) for a in addresses]
+        self._nch = -(-k // _W)
+
+    def new_state(self) -> np.ndarray:
+        """The state ``[size] float64`` for a pass from frame 0 (zeros; min +inf, max -inf)."""
+        state = np.zeros(_fused_state_size(self.k))
+        for name, v in (("min", np.inf), ("max", -np.inf)):
+            for h in range(3):
+                r = len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h
+                state[r * self._nch * _W : (r + 1) * self._nch * _W] = v
+        return state
+
+    def body(self, state, name: str) -> np.ndarray:
+        """``[k]`` float64 per body: ``t1``, ``alpha``, ``t3`` (branch 0 of the last frame), ``parity``,
+        ``total``, ``on`` (the sums of the branch cost differences, all and where the parity is 1)."""
+        r = _BODY_SLOTS.index(name)
+        return state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k]
+
+    def hinge(self, state, name: str) -> np.ndarray:
+        """``[k, 3]`` float64 per body and hinge: ``min``, ``max``, ``count`` (frames beyond the limits by more than
+        ``1e-6``), ``turns``, ``prev`` (see :func:`fused_ir`)."""
+        rows = [len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h for h in range(3)]
+        return np.stack([state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k] for r in rows], axis=-1)
+
+    def nonfinite(self, state) -> bool:
+        """Whether a written q value was NaN or infinite (the root's included)."""
+        r = _NONFINITE_SLOT
+        root = (_NONFINITE_SLOT + 1) * self._nch * _W
+        return bool(
+            state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k].any() or state[root + _ROOT_SLOTS - 1]
+        )
+
+    def bind(self, L, root, q, qd, flip, state, fps: float, dc=None, cr=None):
+        """Check the arrays once and return ``run(s, e, mode) -> int`` over frames ``s .. e - 1`` (``0 <= s < e <=
+        N``): ``L [N, num_bodies, 4]``, ``root [N, 3]`` (rows of contiguous values) into ``q [N, nq]`` and ``qd [N,
+        nv]`` (C-contiguous; all the kernel's dtype), ``flip [k] bool``, ``state`` (:meth:`new_state`, in/out);
+        mode 1 reads the branch-0 angles from q and ``dc [N, k]`` (dtype), ``cr [N, k] bool`` (C-contiguous).
+        ``run`` returns the count of pairs near gimbal lock or zero (mode 0; the state is then untouched). The
+        arrays must stay alive and unmoved while ``run`` is used."""
+        N = L.shape[0]
+        ok = L.flags.c_contiguous and L.dtype == self.dtype and L.shape[1:] == (self.num_bodies, 4)
+        ok = ok and q.flags.c_contiguous and q.dtype == self.dtype and q.shape == (N, self.nq)
+        ok = ok and qd.flags.c_contiguous and qd.dtype == self.dtype and qd.shape == (N, self.nv)
+        ok = ok and root.dtype == self.dtype and root.shape == (N, 3) and root.strides[1] == root.itemsize
+        ok = ok and flip.flags.c_contiguous and flip.dtype == np.bool_ and flip.shape == (self.k,)
+        size = _fused_state_size(self.k)
+        ok = ok and state.flags.c_contiguous and state.dtype == np.float64 and state.shape == (size,)
+        has_rows = dc is not None and cr is not None
+        if has_rows:
+            ok = ok and dc.flags.c_contiguous and cr.flags.c_contiguous and dc.dtype == self.dtype
+            ok = ok and dc.shape == (N, self.k) and cr.dtype == np.bool_ and cr.shape == (N, self.k)
+        if not ok:  # the kernel reads and writes raw memory: never with the wrong layout
+            raise ShapeError(
+                f"got L {L.shape} {L.dtype}, root {root.shape}, q {q.shape} {q.dtype}, qd {qd.shape} {qd.dtype}; "
+                f"expected C-contiguous L [N, {self.num_bodies}, 4], q [N, {self.nq}], qd [N, {self.nv}] of "
+                f"{self.dtype}, root [N, 3], flip [{self.k}] bool, a new_state() state and (mode 1) dc/cr "
+                f"[N, {self.k}]",
+                item="FusedKernel",
+            )
+        addr = [0 if x is None else x.__array_interface__["data"][0] for x in (L, root, q, qd, dc, cr, flip, state)]
+        rts = root.strides[0] // root.itemsize
+        inv2dt = 1.0 / (2.0 * (1.0 / float(fps)))  # as velocities: 1 / (2 dt)
+        fns = self._fns
+
+        def run(s: int, e: int, mode: int) -> int:
+            if not (0 <= s < e <= N and mode in (0, 1) and (mode == 0 or has_rows)):
+                raise ShapeError(f"frames {s}..{e}, mode {mode}; expected 0 <= s < e <= {N}", item="FusedKernel")
+            return int(fns[mode](addr[0], addr[1], rts, *addr[2:], s, e, inv2dt))
+
+        return run
+
+
+def fused_kernel(
+    dtype,
+    num_bodies: int,
+    bodies,
+    qcols,
+    vcols,
+    order: str,
+    signs,
+    phi: float,
+    weight: float,
+    limits,
+    refs,
+    root_body: int,
+    root_q: int,
+    root_v: int,
+    nq: int,
+    nv: int,
+):
+    """The compiled :func:`fused_ir` pair (built once per process, kept on disk), or ``None`` (the mapper's other
+    paths are used)."""
+    args = (np.dtype(dtype).str, num_bodies, tuple(map(int, bodies)), _ints(qcols), _ints(vcols), order)
+    args += (tuple(map(float, signs)), float(phi), float(weight), repr(np.asarray(limits, float).tolist()))
+    args += (repr(np.asarray(refs, float).tolist()), root_body, root_q, root_v, nq, nv)
+    key = ("fused",) + args
+    with _LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+        kern = None
+        if _native.available():
+            try:
+                text = fused_ir(
+                    dtype,
+                    num_bodies,
+                    bodies,
+                    qcols,
+                    vcols,
+                    order,
+                    signs,
+                    phi,
+                    weight,
+                    limits,
+                    refs,
+                    root_body,
+                    root_q,
+                    root_v,
+                    nq,
+                    nv,
+                )
+                engine, address, cached = _native.compile_ir(
+                    lambda: text, _native.host_key("mapper-fused 1", text), "fused0", optimize=True
+                )
+                kern = FusedKernel(
+                    engine, (address, engine.get_function_address("fused1")), dtype, num_bodies, len(bodies), nq, nv
+                )
+                kern.from_cache = cached
+            except Exception:  # a broken toolchain only costs the fast path
+                kern = None
+        _KERNELS[key] = kern
+        return kern
+
+
+def _ints(a):
+    return tuple(tuple(map(int, row)) for row in np.asarray(a))
