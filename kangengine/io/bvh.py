@@ -694,8 +694,10 @@ def _local_arrays(values, nodes, layout: _Layout, offsets, out_axes, vec_index, 
     for s0 in range(0, nf, _EULER_CHUNK):  # chunks of frames keep the temporaries in cache
         v = values[s0 : s0 + _EULER_CHUNK]
         for order, idx, cols in layout.rot_groups:
-            # float32 trig is SIMD-vectorised (~40x faster than float64 here)
-            ang = v[:, cols].astype(rot_dtype, copy=False)  # [n, J, k] degrees
+            # float32 trig is SIMD-vectorised (~40x faster than float64 here). The angles are gathered
+            # component-major ([k, J, n] in memory, seen as [n, J, k]), so each angle's sines, cosines and
+            # products inside quat_from_euler run on contiguous blocks (about 20 % faster than [n, J, k])
+            ang = v.T[cols.T].transpose(2, 1, 0).astype(rot_dtype, copy=False)  # [n, J, k] degrees
             rot[s0 : s0 + _EULER_CHUNK, idx] = _channel_quats(ang, order, out_axes)
     root_t = np.empty((nf, 3))
     root_t[:] = offsets[0]
