@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +29,18 @@ from .._files import atomic_write, load_npz
 from ..animation.motion import ArticulationMotion, load_articulation_motion_npz
 from ..errors import DuplicateNameError, FormatError, KangEngineError, ShapeError, UnknownNameError
 from ..sim.model import Model
-from ..sim.tracking import TrackingSettings, track
-from ..sim.verdict import Reason, Severity, ValidationThresholds, Verdict, json_clean, summarize, verdict_of
+from ..sim.tracking import Controller, TrackingSettings, track
+from ..sim.verdict import (
+    TRACKER_CODES,
+    Reason,
+    Severity,
+    ValidationThresholds,
+    Verdict,
+    json_clean,
+    json_number,
+    summarize,
+    verdict_of,
+)
 from .convert import map_clip
 from .plots import write_plot
 from .validate_files import summary_row, write_summary_csv
@@ -342,7 +353,7 @@ def validate(
             continue
         todo.append((name, motion, h))
 
-    timings = {"setup": 0.0, "simulation": 0.0, "metrics": 0.0, "reports": 0.0, "plots": 0.0}
+    timings = {"setup": 0.0, "search": 0.0, "simulation": 0.0, "metrics": 0.0, "reports": 0.0, "plots": 0.0}
     simulated = 0.0
     order = sorted(range(len(todo)), key=lambda j: (-todo[j][1].duration, todo[j][0]))
     bs = max(int(batch_size), 1)
@@ -370,9 +381,13 @@ def validate(
             continue
         for k in ("setup", "simulation", "metrics"):
             timings[k] += result.timings.get(k, 0.0)
+        tracked = [
+            (result, j, *summarize(result, j, motion, model, thresholds)) for j, (_, motion, _) in enumerate(batch)
+        ]
+        _sampling_fallback(model, batch, tracked, track_settings, thresholds, bs, timings)
         for j, (name, motion, h) in enumerate(batch):
             t0 = time.perf_counter()
-            metrics, reasons = summarize(result, j, motion, model, thresholds)
+            result, jr, metrics, reasons = tracked[j]
             rep = ClipReport(
                 name=name,
                 verdict=verdict_of(reasons),
@@ -390,7 +405,7 @@ def validate(
                 timings["reports"] += time.perf_counter() - t0
                 if plots:
                     t1 = time.perf_counter()
-                    ppath = write_plot(out / f"{stem}.png", result, j, rep, thresholds=thresholds)
+                    ppath = write_plot(out / f"{stem}.png", result, jr, rep, thresholds=thresholds)
                     rep = ClipReport(**{**rep.__dict__, "plot_path": str(ppath)})
                     timings["plots"] += time.perf_counter() - t1
             else:
@@ -414,6 +429,59 @@ def validate(
         timings=timings,
         simulated_seconds=simulated,
     )
+
+
+def _wants_fallback(model: Model, settings: TrackingSettings, reasons: Sequence[Reason]) -> bool:
+    """The ``PD`` tracker (free root, no root assistance) lost the clip
+    (:data:`~kangengine.sim.verdict.TRACKER_CODES`) and no other rule rejects it: another controller may change
+    the verdict."""
+    if not settings.sampling_fallback or settings.controller is not Controller.PD or not model.layout.free_root:
+        return False
+    if settings.root_assist_frequency_hz > 0:
+        return False
+    lost = any(r.code in TRACKER_CODES and r.severity is not Severity.INFO for r in reasons)
+    other = any(r.code not in TRACKER_CODES and r.severity is Severity.REJECT for r in reasons)
+    return lost and not other
+
+
+def _sampling_fallback(model, batch, tracked, settings, thresholds, num_worlds, timings) -> None:
+    """Track again, with :attr:`~kangengine.sim.Controller.SAMPLING`, the clips of ``batch`` whose ``tracked``
+    entry (result, index, metrics, reasons) :func:`_wants_fallback`, and put that result in their place with an
+    info reason naming what the ``PD`` tracker did."""
+    redo = [j for j, (_, _, _, reasons) in enumerate(tracked) if _wants_fallback(model, settings, reasons)]
+    if not redo:
+        return
+    again = track(
+        model,
+        [batch[j][1] for j in redo],
+        settings=replace(settings, controller=Controller.SAMPLING),
+        names=[batch[j][0] for j in redo],
+        num_worlds=num_worlds,
+    )
+    for k in ("search", "simulation", "metrics"):
+        timings[k] += again.timings.get(k, 0.0)
+    for i, j in enumerate(redo):
+        _, _, pd_metrics, pd_reasons = tracked[j]
+        metrics, reasons = summarize(again, i, batch[j][1], model, thresholds)
+        lost = [r.code for r in pd_reasons if r.code in TRACKER_CODES and r.severity is not Severity.INFO]
+        fell = pd_metrics.get("fell_at_s")
+        msg = (
+            f"the PD tracker lost the clip ({', '.join(lost)}"
+            + (f", fell at {fell:.2f} s" if fell is not None else "")
+            + f", mean body error {pd_metrics['body_error_mean_m']:.3f} m); the sampling search tracked it instead"
+        )
+        reasons = sorted(
+            [
+                *reasons,
+                Reason(
+                    "sampling_fallback", Severity.INFO, msg, json_number(fell if fell is not None else math.nan), None
+                ),
+            ],
+            key=lambda r: {Severity.REJECT: 0, Severity.WARN: 1, Severity.INFO: 2}[r.severity],
+        )
+        metrics["pd_body_error_mean_m"] = pd_metrics["body_error_mean_m"]
+        metrics["pd_fell_at_s"] = fell
+        tracked[j] = (again, i, metrics, reasons)
 
 
 def load_for_validation(

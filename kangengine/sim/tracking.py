@@ -110,12 +110,14 @@ class Controller(str, enum.Enum):
     + Kd (qd_ref - qd))`` (root rows included) by the step's linearisation ``d qd' / d tau = h H^-1 S^T``,
     a regularised least squares per world; two steps per step. All three fall on real mocap within about a
     second without root assistance (measured on CMU 02_01: PD at 1.08 s, IMPLICIT at 0.95-0.98 s; see
-    ``docs/tracking.md``).
+    ``docs/tracking.md``). ``SAMPLING``: the ``PD`` tracker with per-segment offsets of its joint targets found
+    by a sampling search through the simulator (SAMCON, :mod:`kangengine.sim.sampling`), then replayed.
     """
 
     WHOLE_BODY = "whole_body"
     PD = "pd"
     IMPLICIT = "implicit"
+    SAMPLING = "sampling"
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,20 @@ class TrackingSettings:
             non-root DOF), an ``[nv]`` array, or a mapping from joint/DOF names to values.
         controller: :class:`Controller` (default ``PD``; ``WHOLE_BODY`` and ``IMPLICIT`` are experimental, see
             ``docs/tracking.md``).
+        sampling_samples: :attr:`Controller.SAMPLING`'s worlds per segment (samples, one batch).
+        sampling_keep: states kept after each segment (``n_save``, the beam).
+        sampling_segment_steps: control steps per segment (one offset per segment).
+        sampling_sigma_legs, sampling_sigma_torso, sampling_sigma_limbs: rad (m for slides), standard deviation
+            of the target offsets of the DOFs that carry the body to the ground (root-to-stance-body chains), of
+            the trunk (other bodies holding two or more end effectors) and of the rest (arms, head).
+        sampling_coherence: the mean of a sample's offset is this times its parent's offset (temporal coherence).
+        sampling_seed: seed of the search's random generator (same seed, same plan).
+        sampling_fail_error: m, a sample whose mean body error exceeds this within its segment has failed; a
+            segment with no other sample is searched again from up to three segments back.
+        sampling_retries: most such searches again per clip (then the segment's best is kept as it is).
+        sampling_fallback: :func:`kangengine.pipelines.validate` only: a clip the ``PD`` tracker (without root
+            assistance) loses (``fell``, ``tracking_error``) and that no reference-side rule rejects is tracked
+            again with :attr:`Controller.SAMPLING`, and that result is reported (with an info reason).
         wbc_root_frequency_hz, wbc_joint_frequency_hz: natural frequencies of the whole-body controller's
             acceleration feedback ``Kp = w^2``, ``Kd = 2 zeta w`` on the root pose and on the joints.
         wbc_damping_ratio: its ``zeta``.
@@ -206,6 +222,17 @@ class TrackingSettings:
     drive_stiffness: float | Sequence[float] | Mapping[str, float] | None = None
     drive_damping: float | Sequence[float] | Mapping[str, float] | None = None
     controller: Controller = Controller.PD
+    sampling_samples: int = 256
+    sampling_keep: int = 32
+    sampling_segment_steps: int = 6
+    sampling_sigma_legs: float = 0.15
+    sampling_sigma_torso: float = 0.1
+    sampling_sigma_limbs: float = 0.02
+    sampling_coherence: float = 0.5
+    sampling_fail_error: float = 0.1
+    sampling_retries: int = 20
+    sampling_fallback: bool = True
+    sampling_seed: int = 0
     wbc_root_frequency_hz: float = 2.0
     wbc_joint_frequency_hz: float = 6.0
     wbc_damping_ratio: float = 1.0
@@ -299,6 +326,9 @@ class TrackingReference:
         contact_speed: ``[N, Bc]`` m/s, horizontal speed of that point.
         body_pos: ``[N, B, 3]`` m, body origins of the unsmoothed reference (world).
         contact_bodies: ``[Bc]`` int64, bodies with contact points.
+        target_offset: ``[N, nv]`` or ``None``: added (layout tangent, rad or m; root rows 0) to the PD position
+            targets of the step leaving each frame, after the balance correction (:attr:`Controller.SAMPLING`'s
+            plan, :func:`kangengine.sim.sampling.sample_target_offsets`).
     """
 
     dt: float
@@ -316,6 +346,7 @@ class TrackingReference:
     contact_speed: torch.Tensor
     body_pos: torch.Tensor
     contact_bodies: torch.Tensor
+    target_offset: torch.Tensor | None = None
 
     @property
     def num_clips(self) -> int:
@@ -367,7 +398,10 @@ class TrackingResult:
         diverged: ``[W]`` bool, the simulation diverged (non-finite or absurd state, non-finite input)
             after ``stop_step``; the world was stopped there.
         step_count: ``[W]`` int64, simulator steps spent on each clip (its share of the cost).
-        timings: seconds spent in ``setup``, ``simulation`` and ``metrics``.
+        timings: seconds spent in ``setup``, ``search`` (:attr:`Controller.SAMPLING` only), ``simulation`` and
+            ``metrics``.
+        search_step_count: ``[W]`` int64, simulator world-steps the sampling search spent on each clip (samples
+            times steps; ``None`` for the other controllers).
     """
 
     dt: float
@@ -417,6 +451,7 @@ class TrackingResult:
     diverged: np.ndarray
     step_count: np.ndarray
     timings: dict = field(default_factory=dict)
+    search_step_count: np.ndarray | None = None
 
     @property
     def num_clips(self) -> int:
@@ -902,15 +937,24 @@ def _track(model, motions, settings, names, reference, num_worlds) -> TrackingRe
         divergence_distance=settings.divergence_distance,
     )
     sim.solver = sim.solver_for(slots)  # fixed: a world's result must not depend on the batch's size
-    logs = _Logs.zeros(model, ref)
     t_setup = time.perf_counter() - t0
+    timings, search_steps = {"setup": t_setup}, None
+    if settings.controller is Controller.SAMPLING and model.layout.free_root and ref.target_offset is None:
+        from .sampling import sample_target_offsets  # the search builds on this module's step command
+
+        t1 = time.perf_counter()
+        plan = sample_target_offsets(model, ref, settings, sim)
+        ref = replace(ref, target_offset=plan.target_offset)
+        search_steps = plan.env_step_count.cpu().numpy()
+        timings["search"] = time.perf_counter() - t1
+    logs = _Logs.zeros(model, ref)
     t1 = time.perf_counter()
     _simulate(model, ref, settings, sim, logs, slots)
-    t_sim = time.perf_counter() - t1
+    timings["simulation"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     result = _metrics(model, ref, names, settings, logs)
-    timings = {"setup": t_setup, "simulation": t_sim, "metrics": time.perf_counter() - t2}
-    return replace(result, timings=timings)
+    timings["metrics"] = time.perf_counter() - t2
+    return replace(result, timings=timings, search_step_count=search_steps)
 
 
 @dataclass(eq=False)
@@ -1054,14 +1098,7 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
     implicit = _Implicit(model, settings, sim) if free and settings.controller is Controller.IMPLICIT else None
     if implicit is not None:
         kp, kd = implicit_gains(model, settings)
-    balance = (
-        not use_wbc
-        and implicit is None
-        and free
-        and settings.balance
-        and settings.balance_gain > 0
-        and model.num_contact_points > 0
-    )
+    balance = uses_balance(model, settings)
     counts, starts = ref.clip_step_count, ref.clip_step_start
     kp, kd = drive_gains(model, settings)
     wbc = None
@@ -1111,19 +1148,18 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
         m = run.clip.shape[0]
         if wbc is not None:
             q_tgt, qd_tgt, tau_ff = wbc.command(state, ci, ni)
+            ctrl = Control(
+                q_target=q_tgt,
+                qd_target=qd_tgt,
+                tau_feedforward=tau_ff,
+                drive_stiffness=kp.expand(m, -1),
+                drive_damping=kd.expand(m, -1),
+            )
         else:
-            q_tgt, qd_tgt, tau_ff = ref.q[ni], ref.qd[ni], ref.feedforward[ci]
-            if balance:
-                q_tgt, qd_tgt = _stance_correction(
-                    model, state.q, state.qd, q_tgt, qd_tgt, run.prev_normal, settings, j0, pos, quat
-                )
-        ctrl = Control(
-            q_target=q_tgt,
-            qd_target=qd_tgt,
-            tau_feedforward=tau_ff,
-            drive_stiffness=kp.expand(m, -1),
-            drive_damping=kd.expand(m, -1),
-        )
+            offset = ref.target_offset[ci] if ref.target_offset is not None else None
+            ctrl = pd_control(
+                model, ref, settings, state, ci, ni, run.prev_normal, (pos, quat), (kp, kd), balance, offset
+            )
         if implicit is not None:
             ctrl = implicit.refine(state, ctrl, ref, ci, ni)
         out = sim.step(state, ctrl)
@@ -1164,6 +1200,56 @@ def _simulate(model, ref, settings, sim, logs: _Logs, slots: int) -> None:
     k_all = torch.arange(logs.q.shape[0], device=dev)
     hold = torch.minimum(k_all[:, None], logs.stop_step.clamp(min=0)[None, :])
     logs.q = logs.q[hold, torch.arange(w, device=dev)[None, :]]
+
+
+def pd_control(
+    model: Model,
+    ref: TrackingReference,
+    settings: TrackingSettings,
+    state: State,
+    ci: torch.Tensor,
+    ni: torch.Tensor,
+    prev_normal: torch.Tensor,
+    links: tuple[torch.Tensor | None, torch.Tensor | None],
+    gains: tuple[torch.Tensor, torch.Tensor],
+    balance: bool,
+    offset: torch.Tensor | None = None,
+) -> Control:
+    """The :attr:`Controller.PD` command of one step for ``W`` worlds: PD targets at the next reference rows
+    ``ni [W]``, the feed-forward of rows ``ci [W]``, the stance-leg balance correction (``balance``; from the last
+    step's normal forces ``prev_normal [W, C]`` N and the current links ``links = (pos [W, B, 3], quat [W, B, 4])``)
+    and then the target offsets ``offset [W, nv]`` (layout tangent; ``None``: none). ``gains``: ``(kp, kd)``
+    ``[nv]`` (:func:`drive_gains`). :func:`track` and the sampling search (:mod:`kangengine.sim.sampling`) both
+    build their commands here, so a replayed plan runs the same arithmetic as its search."""
+    m = state.q.shape[0]
+    q_tgt, qd_tgt, tau_ff = ref.q[ni], ref.qd[ni], ref.feedforward[ci]
+    if balance:
+        pos, quat = links
+        j0 = _first_joint_dof(model)
+        q_tgt, qd_tgt = _stance_correction(
+            model, state.q, state.qd, q_tgt, qd_tgt, prev_normal, settings, j0, pos, quat
+        )
+    if offset is not None:
+        q_tgt = model.layout.integrate(q_tgt, offset)
+    kp, kd = gains
+    return Control(
+        q_target=q_tgt,
+        qd_target=qd_tgt,
+        tau_feedforward=tau_ff,
+        drive_stiffness=kp.expand(m, -1),
+        drive_damping=kd.expand(m, -1),
+    )
+
+
+def uses_balance(model: Model, settings: TrackingSettings) -> bool:
+    """Whether :func:`pd_control` applies the stance-leg balance correction for ``model`` and ``settings``."""
+    return (
+        model.layout.free_root
+        and settings.controller in (Controller.PD, Controller.SAMPLING)
+        and settings.balance
+        and settings.balance_gain > 0
+        and model.num_contact_points > 0
+    )
 
 
 def implicit_gains(model: Model, settings: TrackingSettings) -> tuple[torch.Tensor, torch.Tensor]:

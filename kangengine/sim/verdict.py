@@ -27,6 +27,7 @@ __all__ = [
     "ValidationThresholds",
     "ClipEvidence",
     "RULES",
+    "TRACKER_CODES",
     "clip_metrics",
     "summarize",
     "verdict_of",
@@ -325,6 +326,8 @@ def clip_metrics(
     # -- root assistance ------------------------------------------------------------------------------------
     af, at_ = result.assist_force[i, sl], result.assist_torque[i, sl]
     m["root_assist_used"] = result.settings.root_assist_frequency_hz > 0
+    m["controller"] = result.settings.controller.value
+    m["search_env_steps"] = int(result.search_step_count[i]) if result.search_step_count is not None else 0
     m["assist_force_mean_over_weight"] = float(af.mean() / mg)
     m["assist_force_max_over_weight"] = float(af.max() / mg)
     m["assist_torque_mean_nm"] = float(at_.mean())
@@ -623,6 +626,24 @@ def rule_root_assistance(e: ClipEvidence) -> list[Reason]:
     return [_reason("root_assistance", "info", msg + " (within the accepted assistance)", fa, th.assist_force_ok)]
 
 
+def rule_sampling(e: ClipEvidence) -> list[Reason]:
+    """``sampling`` (info, only with :attr:`~kangengine.sim.Controller.SAMPLING`): the tracker's targets were
+    planned by the sampling search, and what it cost."""
+    m = e.metrics
+    if m["controller"] != "sampling":
+        return []
+    steps = m["search_env_steps"]
+    msg = (
+        f"tracked with target offsets planned by the sampling search ({steps} world-steps, "
+        f"{steps / max(m['duration_s'], 1e-9):.0f} per clip-second), no root assistance unless reported"
+    )
+    return [_reason("sampling", "info", msg, float(steps), math.nan)]
+
+
+#: Reason codes whose outcome depends on the tracker, not the reference (what another controller may change).
+TRACKER_CODES = frozenset({"fell", "tracking_error"})
+
+
 #: The verdict rules, in the order their reasons are listed (within one severity).
 RULES: tuple[Callable[[ClipEvidence], list[Reason]], ...] = (
     rule_diverged,
@@ -638,6 +659,7 @@ RULES: tuple[Callable[[ClipEvidence], list[Reason]], ...] = (
     rule_joint_limits,
     rule_effort_over_limit,
     rule_root_assistance,
+    rule_sampling,
 )
 
 _SEVERITY_RANK = {Severity.REJECT: 0, Severity.WARN: 1, Severity.INFO: 2}

@@ -1,0 +1,321 @@
+"""Sampling-based short-horizon optimisation of the tracker's PD targets (SAMCON).
+
+:attr:`~kangengine.sim.Controller.SAMPLING` keeps a real, noisy, retargeted clip balanced with the model's own
+actuators by searching, segment by segment, for offsets of the ``PD`` tracker's joint targets (Liu et al. 2010,
+"Sampling-based contact-rich motion control"; Liu et al. 2015, improved SAMCON). The per-step controllers
+(``PD``, ``WHOLE_BODY``, ``IMPLICIT``) all fall within about a second on CMU 02_01 because a one-step model of
+the penalty contact and its friction does not predict what the step does; the search asks the simulator
+itself, over a horizon of several steps, and keeps what worked.
+
+The clip is cut into segments of ``sampling_segment_steps`` control steps. A beam of ``sampling_keep``
+simulator states starts at the reference's first frame. Per segment:
+
+1. ``sampling_samples`` samples, all in **one batched step** of the :class:`~kangengine.sim.Simulator`: sample
+   ``i`` starts from beam entry ``i mod keep`` (states, contact forces of the last step and offsets gathered by
+   index) with a target offset ``dq_i ~ N(c dq_parent, diag(sigma^2))`` held over the segment (``c``:
+   ``sampling_coherence``; ``sigma`` per DOF group (:func:`dof_groups`): ``sampling_sigma_legs`` on the chains
+   from the root to the bodies the reference stands on, ``sampling_sigma_torso`` on the trunk,
+   ``sampling_sigma_limbs`` elsewhere).
+   The first ``keep`` samples are their parents' offsets unperturbed, so a segment never loses the best
+   continuation it already had.
+2. Each sample runs the segment with :func:`~kangengine.sim.tracking.pd_control` (feed-forward, implicit drives,
+   stance-leg balance, plus its offset), exactly the command :func:`~kangengine.sim.track` replays.
+3. Its cost, summed over the states the segment reaches: mean body position error (m), centre-of-mass
+   position error (m), root orientation error (rad), root linear and angular velocity errors (m/s, rad/s), with
+   the weights of :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
+   effectors are among the bodies). A sample whose state meets the tracker's fall rule
+   (:func:`~kangengine.sim.tracking._fallen`) or diverges is out.
+4. The ``keep`` cheapest survivors become the beam (parent indices and offsets stored for backtracking). When
+   every sample is out, the search stops there: the clip falls at that segment.
+
+At the end the cheapest leaf's path gives per-frame target offsets, which :func:`~kangengine.sim.track` replays
+through its normal loop (:attr:`~kangengine.sim.TrackingReference.target_offset`): the report describes that
+replay, a real simulated trajectory. The samples are a multiple of 32 worlds (``batch_invariant``), so the
+replay of the chosen path is bit-identical to the search's (``tests/test_sampling.py``).
+
+Cost: ``sampling_samples`` world-steps per control step, in batches of ``sampling_samples`` worlds
+(``docs/tracking.md``: env-steps and seconds per clip-second).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import rotations as R
+from .integrator import Simulator
+from .kinematics import link_transforms
+from .model import Model, State
+from .tracking import (
+    TrackingReference,
+    TrackingSettings,
+    _fallen,
+    _first_joint_dof,
+    _pad_index,
+    _with_budget,
+    drive_gains,
+    pd_control,
+    uses_balance,
+)
+
+__all__ = ["COST_WEIGHTS", "TRUNK_MASS_FRACTION", "SamplingPlan", "dof_groups", "sample_target_offsets"]
+
+#: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s).
+COST_WEIGHTS = {"body": 1.0, "com": 2.0, "root_rotation": 0.1, "root_velocity": 0.2, "root_angular_velocity": 0.05}
+
+
+#: A body outside the legs whose subtree holds more than this share of the mass is trunk (:func:`dof_groups`).
+TRUNK_MASS_FRACTION = 0.2
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingPlan:
+    """What the sampling search found for ``W`` clips (``N`` reference rows in all, as in the
+    :class:`~kangengine.sim.TrackingReference` it was planned on).
+
+    Attributes:
+        target_offset: ``[N, nv]`` target offset (layout tangent, rad or m; root rows 0) of the step leaving
+            each row; 0 after the search stopped.
+        q: ``[N, nq]`` the chosen path's simulated state at each row (the first row: the reference's; rows
+            after ``reached_step``: the last state reached).
+        reached_step: ``[W]`` int64, last step of each clip the chosen path reached (a fall: before the end).
+        cost: ``[W]`` the chosen path's summed cost (:data:`COST_WEIGHTS`).
+        env_step_count: ``[W]`` int64, world-steps simulated for each clip (samples times steps).
+    """
+
+    target_offset: torch.Tensor
+    q: torch.Tensor
+    reached_step: torch.Tensor
+    cost: torch.Tensor
+    env_step_count: torch.Tensor
+
+
+def dof_groups(model: Model, stance_bodies: torch.Tensor) -> torch.Tensor:
+    """``[nv]`` int64 group of each DOF: 0 legs (a body on the chain from the root to one of ``stance_bodies``
+    ``[n]`` int64), 1 trunk (another body that carries more than :data:`TRUNK_MASS_FRACTION` of the total mass
+    in its subtree: spine, thorax, a G1's waist), 2 limbs (the rest: arms, hands, head); the root's DOFs are 2
+    (they get no offset)."""
+    nb = model.num_bodies
+    parents = model.parents
+    mass = model.body_mass.tolist()
+    subtree = list(mass)
+    for b in reversed(range(nb)):  # parents come before children in the body order
+        if parents[b] >= 0:
+            subtree[parents[b]] += subtree[b]
+    total = sum(mass)
+    group = [1 if subtree[b] > TRUNK_MASS_FRACTION * total else 2 for b in range(nb)]
+    for b in stance_bodies.tolist():
+        while b > 0:
+            group[b] = 0
+            b = parents[b]
+    body_group = torch.as_tensor(group, dtype=torch.int64, device=model.device)
+    out = body_group[model.dof_body].clone()
+    out[: _first_joint_dof(model)] = 2
+    return out
+
+
+def _com(model: Model, pos: torch.Tensor, quat: torch.Tensor) -> torch.Tensor:
+    """``[n, 3]`` centre of mass (world, m) of links at ``pos [n, B, 3]``, ``quat [n, B, 4]``."""
+    c = pos + R.quat_rotate(quat, model.body_com.expand(pos.shape[0], -1, -1))
+    return (c * model.body_mass[:, None]).sum(1) / model.body_mass.sum()
+
+
+@dataclass(frozen=True, eq=False)
+class _Beam:
+    """States of the search (``n`` of them): simulator state, last step's normal contact forces ``[n, C]`` N,
+    the target offset that led there ``[n, nv]``, and the summed cost of the path ``[n]``."""
+
+    state: State
+    normal: torch.Tensor
+    offset: torch.Tensor
+    cost: torch.Tensor
+
+
+def _take(state: State, idx: torch.Tensor) -> State:
+    return State(q=state.q[idx], qd=state.qd[idx], frozen=state.frozen[idx], energy_budget=state.energy_budget[idx])
+
+
+class _Search:
+    """The search of one clip (row range ``start .. start + count``), see the module docstring."""
+
+    def __init__(self, model: Model, ref: TrackingReference, settings: TrackingSettings, sim: Simulator):
+        self.model, self.ref, self.settings, self.sim = model, ref, settings, sim
+        self.balance = uses_balance(model, settings)
+        self.gains = drive_gains(model, settings)
+        self.j0 = _first_joint_dof(model)
+        n = int(settings.sampling_samples)
+        self.pad = _pad_index(n, 32, model.device) if settings.batch_invariant else torch.arange(n, device=model.device)
+
+    def sigma(self, start: int, count: int) -> torch.Tensor:
+        st, ref = self.settings, self.ref
+        stands = (ref.contact_height[start : start + count] < st.contact_height).any(0)
+        groups = dof_groups(self.model, ref.contact_bodies[stands])
+        table = torch.tensor(
+            [st.sampling_sigma_legs, st.sampling_sigma_torso, st.sampling_sigma_limbs],
+            dtype=self.model.dtype,
+            device=self.model.device,
+        )
+        sigma = table[groups]
+        sigma[: self.j0] = 0.0
+        return sigma
+
+    def cost(self, state: State, pos: torch.Tensor, quat: torch.Tensor, row: int, ref_com: torch.Tensor):
+        """``([n] cost, [n] mean body error m)`` of states at reference row ``row`` (links ``pos``, ``quat``)."""
+        ref = self.ref
+        body = torch.linalg.vector_norm(pos - ref.body_pos[row], dim=-1).mean(-1)
+        com = torch.linalg.vector_norm(_com(self.model, pos, quat) - ref_com, dim=-1)
+        q_ref = ref.q_raw[row].expand(state.q.shape[0], -1)
+        rel = R.quat_multiply(q_ref[:, 3:7], R.quat_conjugate(state.q[:, 3:7]))
+        rot = torch.linalg.vector_norm(R.quat_to_rotvec(rel), dim=-1)
+        dv = state.qd[:, :6] - ref.qd[row, :6]
+        w = COST_WEIGHTS
+        cost = (
+            w["body"] * body
+            + w["com"] * com
+            + w["root_rotation"] * rot
+            + w["root_velocity"] * torch.linalg.vector_norm(dv[:, :3], dim=-1)
+            + w["root_angular_velocity"] * torch.linalg.vector_norm(dv[:, 3:], dim=-1)
+        )
+        return cost, body
+
+    def segment(self, beam: _Beam, start: int, k: int, steps: int, sigma, ref_com, generator):
+        """Simulate the samples of one segment (steps ``k .. k + steps`` of the clip at row ``start``) from
+        ``beam``: ``(samples: _Beam, parent [n], qs [n, steps, nq], alive [n], worst [n] m)``, ``worst`` the
+        largest mean body error the segment reached."""
+        model, ref, st = self.model, self.ref, self.settings
+        dev, dt_ = model.device, model.dtype
+        n = int(st.sampling_samples)
+        nb = beam.state.num_worlds
+        parent = torch.arange(n, device=dev) % nb
+        noise = torch.randn(n, model.nv, generator=generator, dtype=dt_, device=dev) * sigma
+        noise[:nb] = 0.0
+        offset = st.sampling_coherence * beam.offset[parent] + noise
+        state, normal = _take(beam.state, parent), beam.normal[parent]
+        alive = torch.ones(n, dtype=torch.bool, device=dev)
+        cost = torch.zeros(n, dtype=dt_, device=dev)
+        worst = torch.zeros(n, dtype=dt_, device=dev)
+        qs = torch.zeros(n, steps, model.nq, dtype=dt_, device=dev)
+        pos, quat = link_transforms(model, state.q)
+        p = self.pad
+        every = torch.arange(n, device=dev)
+        for j in range(steps):
+            ci = start + k + j
+            cis = torch.full((n,), ci, dtype=torch.int64, device=dev)
+            alive &= ~_fallen(model, ref, st, pos, cis) & ~state.frozen
+            run = _take(state, p)
+            ctrl = pd_control(
+                model,
+                ref,
+                st,
+                run,
+                cis[p],
+                cis[p] + 1,
+                normal[p],
+                (pos[p], quat[p]),
+                self.gains,
+                self.balance,
+                offset[p],
+            )
+            out = self.sim.step(run, ctrl)
+            state = _with_budget(_take(out.state, every))
+            normal = out.contact_normal_force[:n]
+            qs[:, j] = state.q
+            pos, quat = link_transforms(model, state.q)
+            c, body = self.cost(state, pos, quat, ci + 1, ref_com[k + j + 1])
+            cost, worst = cost + c, torch.maximum(worst, body)
+        end = torch.full((n,), start + k + steps, dtype=torch.int64, device=dev)
+        alive &= ~_fallen(model, ref, st, pos, end) & ~state.frozen
+        return _Beam(state, normal, offset, cost), parent, qs, alive, worst
+
+    def run(self, start: int, count: int, generator: torch.Generator):
+        """``(offset [count, nv], q [count, nq], reached_step, cost, env_steps)`` for the clip at rows
+        ``start .. start + count``: segment by segment; a segment none of whose samples stays within
+        ``sampling_fail_error`` is searched again from up to three segments back (``sampling_retries`` times in
+        all per clip), then accepted as it is."""
+        model, ref, st = self.model, self.ref, self.settings
+        dev, dt_ = model.device, model.dtype
+        n, keep, seg = int(st.sampling_samples), int(st.sampling_keep), int(st.sampling_segment_steps)
+        sigma = self.sigma(start, count)
+        pos_r, quat_r = link_transforms(model, ref.q_raw[start : start + count])
+        ref_com = _com(model, pos_r, quat_r)  # [count, 3]
+        first = _with_budget(State.from_q(model, ref.q[start : start + 1], ref.qd[start : start + 1]))
+        zeros = lambda *shape: torch.zeros(*shape, dtype=dt_, device=dev)  # noqa: E731
+        beams = [_Beam(first, zeros(1, model.num_contact_points), zeros(1, model.nv), zeros(1))]
+        segments = [(k, min(seg, count - 1 - k)) for k in range(0, count - 1, seg)]
+        records, env_steps, retries, fails, fell, i, furthest = [], 0, 0, 0, False, 0, 0
+        while i < len(segments):
+            k, steps = segments[i]
+            samples, parent, qs, alive, worst = self.segment(beams[i], start, k, steps, sigma, ref_com, generator)
+            env_steps += n * steps
+            good = alive & (worst < st.sampling_fail_error)
+            if not bool(good.any()) and retries < st.sampling_retries and i > 0:
+                retries, fails = retries + 1, fails + 1
+                i -= min(fails, 3, i)  # further back after each failure at the same place
+                del beams[i + 1 :], records[i:]
+                continue
+            pool = good if bool(good.any()) else alive
+            survivors = int(pool.sum())
+            fell = survivors == 0
+            ranked = torch.where(pool, samples.cost, torch.full_like(samples.cost, float("inf")))
+            if fell:  # every sample is out: the clip falls in this segment; keep its cheapest sample
+                ranked = samples.cost.nan_to_num(float("inf"))
+            best = torch.topk(ranked, max(min(keep, survivors), 1), largest=False).indices
+            records.append((k, steps, parent[best], samples.offset[best], qs[best]))
+            total = beams[i].cost[parent[best]] + samples.cost[best]
+            beams.append(_Beam(_take(samples.state, best), samples.normal[best], samples.offset[best], total))
+            i += 1
+            if i > furthest:  # progress past the furthest segment reached resets the back-off
+                furthest, fails = i, 0
+            if fell:
+                break
+        return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell) + (env_steps,)
+
+    def _backtrack(self, records, count: int, q0: torch.Tensor, cost: torch.Tensor, fell: bool):
+        model = self.model
+        offset = torch.zeros(count, model.nv, dtype=model.dtype, device=model.device)
+        q = q0.expand(count, -1).clone()
+        leaf, last = 0, 0
+        for k, steps, parent, off, qs in reversed(records):
+            offset[k : k + steps] = off[leaf]
+            q[k + 1 : k + 1 + steps] = qs[leaf]
+            last = max(last, k + steps)
+            leaf = int(parent[leaf])
+        reached = last - 1 if fell else last  # a fallen path's last segment ends in a fallen state
+        q[last + 1 :] = q[last]
+        return offset, q, reached, cost
+
+
+def sample_target_offsets(
+    model: Model, ref: TrackingReference, settings: TrackingSettings, sim: Simulator
+) -> SamplingPlan:
+    """Search per-segment offsets of the ``PD`` tracker's joint targets for every clip of ``ref`` (module
+    docstring; one clip at a time, ``settings.sampling_samples`` worlds per step, seeded by
+    ``settings.sampling_seed``: the same inputs give the same plan).
+
+    Args:
+        model: the :class:`~kangengine.sim.Model` the reference was prepared for.
+        ref: :func:`~kangengine.sim.prepare_reference` result (free root).
+        settings: :class:`~kangengine.sim.TrackingSettings` (``sampling_*`` fields and the tracker's own).
+        sim: the :class:`~kangengine.sim.Simulator` :func:`~kangengine.sim.track` steps with (its solver fixed),
+            so the search and the replay share every operation.
+    Returns:
+        :class:`SamplingPlan`.
+    """
+    search = _Search(model, ref, settings, sim)
+    dev = model.device
+    offsets = torch.zeros(ref.q.shape[0], model.nv, dtype=model.dtype, device=dev)
+    q_path = ref.q.clone()
+    w = ref.num_clips
+    reached = torch.zeros(w, dtype=torch.int64, device=dev)
+    costs = torch.zeros(w, dtype=model.dtype, device=dev)
+    env = torch.zeros(w, dtype=torch.int64, device=dev)
+    for c in range(w):  # one clip at a time: its samples are the batch
+        start, count = int(ref.clip_step_start[c]), int(ref.clip_step_count[c])
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(int(settings.sampling_seed))
+        off, q, last, cost, steps = search.run(start, count, gen)
+        offsets[start : start + count] = off
+        q_path[start : start + count] = q
+        reached[c], costs[c], env[c] = last, cost, steps
+    return SamplingPlan(target_offset=offsets, q=q_path, reached_step=reached, cost=costs, env_step_count=env)

@@ -1,0 +1,129 @@
+"""The sampling tracker (SAMCON, ``kangengine/sim/sampling.py``) on the real CMU 02_01 walk retargeted onto the
+CMU humanoid (``cmu_bvh_to_cmu_humanoid``, mapped with ``clamp_to_limits``, float32, dt 1/60 s), no root
+assistance: the replay of the chosen offsets through ``track`` is bit-identical to the search's own trajectory
+(the search runs 32-128 worlds, the replay one, padded to 32); a seed fixes the plan; the DOF groups are the
+legs, the trunk and the rest by the model's own names; and a 1.5 s crop that the PD tracker drops at 1.08 s is
+held up to its end within 5 cm by ``validate``'s sampling fallback, with the reasons saying so."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import data_file
+
+import kangengine as ke
+from kangengine.sim import TrackingSettings, Verdict
+from kangengine.sim import sampling as S
+from kangengine.sim import tracking as T
+from kangengine.sim.kinematics import link_transforms
+
+SMALL = TrackingSettings(controller="sampling", sampling_samples=32, sampling_keep=4, sampling_retries=2)
+
+
+@pytest.fixture(scope="module")
+def cmu():
+    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ke.sim.Model.from_desc(desc, layout)
+    return desc, layout, model
+
+
+@pytest.fixture(scope="module")
+def walk(cmu):
+    desc, layout, _ = cmu
+    bvh = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
+    on_robot = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
+    return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_robot, clamp_to_limits=True).motion
+
+
+def _search(model, clip, settings):
+    """The plan and the reference, with the simulator ``track`` builds (effort unclamped, solver fixed)."""
+    ref = T.prepare_reference(model, [clip], settings)
+    sim_model = replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
+    sim = ke.sim.Simulator(
+        sim_model,
+        dt=settings.dt,
+        iterations=settings.iterations,
+        check_inputs=False,
+        divergence_speed=settings.divergence_speed,
+        divergence_distance=settings.divergence_distance,
+    )
+    sim.solver = sim.solver_for(1)
+    return S.sample_target_offsets(model, ref, settings, sim), ref
+
+
+def test_replay_is_the_searched_trajectory_bit_for_bit(cmu, walk):
+    """The search steps 32 samples per batch; ``track`` replays the chosen path in one world (padded to 32):
+    every simulated frame's body error equals the search's own to the bit, and the report's search cost is
+    the samples times the steps."""
+    _, _, model = cmu
+    clip = walk[:60]  # 0.5 s
+    plan, ref = _search(model, clip, SMALL)
+    res = ke.sim.track(model, [clip], settings=SMALL, reference=replace(ref, target_offset=plan.target_offset))
+    assert res.fell_step[0] == -1 and int(plan.reached_step[0]) == int(res.stop_step[0]) == 29
+    pos, _ = link_transforms(model, plan.q)
+    searched = torch.linalg.vector_norm(pos - ref.body_pos, dim=-1).mean(-1).numpy()
+    np.testing.assert_array_equal(res.body_error_mean[0], searched)
+    assert np.abs(plan.target_offset[:29, 6:].numpy()).max() > 0  # the plan does move the targets
+    assert np.all(plan.target_offset[:, :6].numpy() == 0)  # never the root: no assistance
+    assert int(plan.env_step_count[0]) >= 32 * 29 and int(plan.env_step_count[0]) % 32 == 0
+    # track(controller="sampling") searches and replays by itself: the same numbers
+    own = ke.sim.track(model, [clip], settings=SMALL)
+    np.testing.assert_array_equal(own.body_error_mean, res.body_error_mean)
+    assert int(own.search_step_count[0]) == int(plan.env_step_count[0])
+
+
+def test_a_seed_fixes_the_plan(cmu, walk):
+    _, _, model = cmu
+    clip = walk[:24]  # 0.2 s: four segments
+    a, _ = _search(model, clip, SMALL)
+    b, _ = _search(model, clip, SMALL)
+    c, _ = _search(model, clip, replace(SMALL, sampling_seed=1))
+    assert torch.equal(a.target_offset, b.target_offset) and torch.equal(a.q, b.q)
+    assert not torch.equal(a.target_offset, c.target_offset)
+
+
+def test_dof_groups_are_legs_trunk_and_limbs(cmu, walk):
+    """Legs: the chains from the root to the feet the walk stands on (femur, tibia, foot, toes); trunk: the
+    spine and thorax (bodies carrying over a fifth of the mass); the arms, hands and head are limbs."""
+    _, layout, model = cmu
+    ref = T.prepare_reference(model, [walk[:60]], SMALL)
+    stands = (ref.contact_height < SMALL.contact_height).any(0)
+    groups = S.dof_groups(model, ref.contact_bodies[stands]).tolist()
+    body_of = [layout.body_names[int(b)] for b in model.dof_body]
+    by = {}
+    for name, g in zip(body_of[6:], groups[6:]):
+        by.setdefault(name, set()).add(g)
+    assert all(by[b] == {0} for b in ("lfemur", "ltibia", "lfoot", "rfemur", "rtibia", "rfoot"))
+    assert all(by[b] == {1} for b in ("lowerback", "upperback", "thorax"))
+    assert all(by[b] == {2} for b in ("lhumerus", "rradius", "head", "lhand"))
+    sigma = S._Search(model, ref, SMALL, None).sigma(0, 60)
+    assert float(sigma[:6].abs().max()) == 0.0  # no offsets on the root
+
+
+def test_walk_crop_the_pd_tracker_drops_is_held_by_the_sampling_fallback(cmu, walk, tmp_path):
+    """0-1.5 s of the walk, default settings (no root assistance): the PD tracker falls at 1.08 s, so
+    ``validate`` tracks it again with the sampling search (128 samples here, to keep the test short), which
+    keeps it up to its end within 5 cm of the reference: ``ok``, with the fallback reported."""
+    _, _, model = cmu
+    clip = walk[:180]
+    pd = ke.sim.track(model, [clip])
+    assert 60 < pd.fell_step[0] < 70  # 1.08 s
+    settings = TrackingSettings(sampling_samples=128, sampling_keep=16)
+    rep = ke.pipelines.validate(model, {"walk": clip}, out_dir=tmp_path, settings=settings, plots=False).reports[0]
+    m = rep.metrics
+    assert rep.verdict is Verdict.OK, [r.message for r in rep.reasons]
+    assert m["controller"] == "sampling" and m["fell_at_s"] is None and m["simulated_fraction"] == 1.0
+    assert m["body_error_mean_m"] < 0.05 and m["pd_fell_at_s"] == pytest.approx(pd.fell_step[0] / 60, abs=0.02)
+    assert not m["root_assist_used"] and m["assist_force_mean_over_weight"] == 0.0
+    codes = [r.code for r in rep.reasons]
+    assert codes[0] == "sampling" or codes[0] == "sampling_fallback"
+    assert {"sampling", "sampling_fallback"} <= set(codes)
+    assert m["search_env_steps"] >= 128 * 89
