@@ -14,6 +14,8 @@ a model has, and :class:`~kangengine.sim.Simulator` records it (``fast_path``, `
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -78,9 +80,9 @@ class FastStep:
     """
 
     def __init__(self, sim):
-        from .fast_kernel import difference_kernel, integrate_kernel, step_kernel
+        from .fast_kernel import difference_kernel, finish_kernel, step_kernel
 
-        self._kernel, self._difference, self._integrate = step_kernel, difference_kernel, integrate_kernel
+        self._kernel, self._difference, self._finish = step_kernel, difference_kernel, finish_kernel
         m, h = sim.model, sim.dt
         self.sim = sim
         nv = m.nv
@@ -167,8 +169,13 @@ class FastStep:
         self.num_contact_points = ncp
         self._kp = _np(m.dof_drive_stiffness)
         self._kd = _np(m.dof_drive_damping)
+        self._limits = np.concatenate([[sim.divergence_distance, sim.divergence_speed], self._consts[2][12]])
         self._np_dtype = np.float32 if m.dtype == torch.float32 else np.float64
         runs, rots = m.layout.tangent_runs
+        plan = m.layout.kinematics.plan
+        ns = sum(len(st) for st in plan.steps)
+        self._fk = None
+        self._fk_shapes = ((plan.num_bodies, 3), (plan.num_bodies, 4), (ns, 3), (ns, 4), (nv, 3))
         self._runs = np.array(runs, dtype=np.int64).reshape(-1, 3)
         self._rots = np.array(rots, dtype=np.int64).reshape(-1, 2)
 
@@ -180,13 +187,35 @@ class FastStep:
         )
 
     def _frames(self, q64: torch.Tensor):
-        from .kinematics import _native_joint_frames
+        """``(body_pos [W, B, 3], body_quat [W, B, 4], joint_pos [W, S, 3], dof_axes [W, nv, 3])`` float64
+        numpy of the foundation's forward kinematics: its native kernel run on numpy buffers (what
+        :func:`kangengine.sim.kinematics._native_joint_frames` does, without the torch wrappers), else the
+        replay."""
+        from .kinematics import _NATIVE_JOINT_FRAMES, _native_joint_frames
 
-        out = _native_joint_frames(self.sim.model, q64)
-        if out is None:
-            jf = self.sim.model.layout.kinematics.joint_frames(q64)
+        m = self.sim.model
+        if self._fk is None:
+            out = _native_joint_frames(m, q64)  # builds or loads the kernel (None: not available here)
+            prog = m.layout.kinematics._traced_joint_frames()
+            entry = _NATIVE_JOINT_FRAMES.get((id(prog), torch.float64))
+            self._fk = (prog, entry[1] if out is not None and entry is not None else None)
+        prog, kern = self._fk
+        if kern is None or os.environ.get("KANGENGINE_FK_BACKEND", "auto").strip().lower() == "numpy":
+            jf = m.layout.kinematics.joint_frames(q64)
             out = (jf.body_positions, jf.body_rotations_wxyz, jf.joint_positions, jf.dof_axes)
-        return [x.numpy() if x.dtype == torch.float64 and x.is_contiguous() else _np(x) for x in out]
+            return [x.numpy() if x.dtype == torch.float64 and x.is_contiguous() else _np(x) for x in out]
+        from ..animation.kinematics import native
+        from ..animation.kinematics.replay import array_namespace
+
+        n = q64.shape[0]
+        outs = [np.empty((n, a, b)) for a, b in self._fk_shapes]
+        views = [torch.from_numpy(x) for x in outs]
+
+        def fallback(s, e):  # frames whose angles left the kernel's exact sin/cos range: the replay
+            prog(q64[s:e].T.contiguous(), array_namespace(q64), *views, s, e)
+
+        native.run_kernel(kern, [q64.numpy()], outs, n, fallback, chunk=16384)
+        return outs[0], outs[1], outs[2], outs[4]
 
     def _drive(self, control: Control, q: np.ndarray, w: int):
         """``(a, b)`` ``[W, nv]`` float64 of :meth:`Simulator._drive` (numpy; the layout's difference)."""
@@ -244,28 +273,22 @@ class FastStep:
             *self._int, *self._consts, self._scal, flags, out_v, out_x, out_c, out_w,
         )  # fmt: skip
         # -- advance, divergence, outputs (as the torch step) --
-        q_new = np.empty_like(q)
-        self._integrate(q, out_v, h, self._runs, self._rots, q_new)
-        within = (np.abs(q_new) <= sim.divergence_distance).all(-1) & (np.abs(out_v) <= sim.divergence_speed).all(-1)
-        within &= np.isfinite(a).all(-1) & np.isfinite(b).all(-1)
-        if control.tau_external is not None:
-            within &= np.isfinite(tau_ext).all(-1)
-        frozen_new = frozen | ~within
-        newly = frozen_new & ~frozen
+        q_new, v_new, tau = np.empty_like(q), np.empty_like(out_v), np.empty_like(out_x)
+        frozen_new, newly = np.empty(w, np.bool_), np.empty(w, np.bool_)
+        self._finish(
+            q, qd, out_v, out_x, h, self._runs, self._rots, self._limits, a, b, tau_ext, frozen,
+            q_new, v_new, tau, frozen_new, newly,
+        )  # fmt: skip
         f64 = dtype == torch.float64
         t = lambda x: torch.from_numpy(x if f64 and x.flags.c_contiguous else x.astype(self._np_dtype))
-        if newly.any() or frozen.any():
-            q_new = np.where(frozen_new[:, None], q, q_new)
-            out_v = np.where(frozen_new[:, None], qd, out_v)
         budget_out = None
         if sim.energy_correction:
             budget_out = t(np.where(frozen_new, out_w[:, 1], out_w[:, 0]))
         effort = self._consts[2][12]
         x = out_x
-        tau = np.clip(x, -effort, effort)
         z = torch.zeros(w, 0, dtype=dtype)
         return StepResult(
-            state=State(q=t(q_new), qd=t(out_v), frozen=torch.from_numpy(frozen_new), energy_budget=budget_out),
+            state=State(q=t(q_new), qd=t(v_new), frozen=torch.from_numpy(frozen_new), energy_budget=budget_out),
             energy_correction=t(out_w[:, 2]),
             self_contact_depth=z,
             self_contact_force=z,

@@ -903,3 +903,29 @@ def integrate_kernel(q, v, h, runs, rots, out):
             rz = ew * bz + ex * by - ey * bx + ez * bw
             n = max(math.sqrt(rw * rw + rx * rx + ry * ry + rz * rz), 1e-12)
             out[w, a], out[w, a + 1], out[w, a + 2], out[w, a + 3] = rw / n, rx / n, ry / n, rz / n
+
+
+@njit(cache=True)
+def finish_kernel(q, qd, v, x, h, runs, rots, limits, a, b, tau_ext, frozen, q_out, v_out, tau, frozen_out, newly):
+    """Advance and check every world as the torch step does: ``q_out = integrate(q, v, h)`` unless the world
+    is frozen or diverged (then ``q``, ``qd`` stay), ``tau = clamp(x, -effort, effort)``; a world diverges
+    when a coordinate or speed leaves ``limits = (distance, speed)`` (NaN included) or a drive input or
+    external force is not finite. ``limits[2:]`` holds the effort limits ``[nv]``."""
+    integrate_kernel(q, v, h, runs, rots, q_out)
+    dist, speed = limits[0], limits[1]
+    effort = limits[2:]
+    for w in range(q.shape[0]):
+        ok = True
+        for i in range(q.shape[1]):
+            ok = ok and abs(q_out[w, i]) <= dist
+        for j in range(v.shape[1]):
+            ok = ok and abs(v[w, j]) <= speed and math.isfinite(a[w, j]) and math.isfinite(b[w, j])
+            ok = ok and math.isfinite(tau_ext[w, j])
+            tau[w, j] = _clamp(x[w, j], -effort[j], effort[j])
+        frozen_out[w] = frozen[w] or not ok
+        newly[w] = frozen_out[w] and not frozen[w]
+        if frozen_out[w]:
+            q_out[w] = q[w]
+            v_out[w] = qd[w]
+        else:
+            v_out[w] = v[w]
