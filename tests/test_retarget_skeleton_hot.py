@@ -358,7 +358,8 @@ def test_bisection_rows_land_on_the_sequential_bisection_root(seed):
     ends = np.array([[one(lo, r), one(hi, r)] for r in roots])
     ok = np.sign(ends[:, 0]) != np.sign(ends[:, 1])
     for per_call in (1, 4, 5):
-        got = sk._bisect_rows(f, [lo, lo], [hi, hi], ends[:, 0], ends[:, 1], steps=20, per_call=per_call)
+        got, at_lo, at_hi = sk._bisect_rows(f, [lo, lo], [hi, hi], steps=20, per_call=per_call)
+        np.testing.assert_array_equal(np.stack([at_lo, at_hi], axis=1), ends)
         for i in np.flatnonzero(ok):
             want = _sequential_bisection(lambda x, i=i: float(one(x, roots[i])), lo, hi, ends[i, 0], 40)
             assert abs(got[i] - want) < 1e-9 and np.min(np.abs(roots[i] - got[i])) < 1e-9

@@ -663,7 +663,7 @@ class _GroundGeoms:
         rows = _third_rows(body_rot[:, self.bodies])[:, self.geom_body].swapaxes(0, 1)  # [G, T, 3]
         out = rows @ self.geom_map  # [G, T, 4]: third row of world_from_geom, then the centre's height offset
         centre_z = body_pos[:, self.bodies[self.geom_body], 2].T + out[..., 3]
-        extent = (np.abs(out[..., :3]) * self.linear[:, None]).sum(-1) + self.radius[:, None]
+        extent = np.einsum("gtk,gk->gt", np.abs(out[..., :3]), self.linear) + self.radius[:, None]
         if self.disc is not None:
             extent += self.disc[:, None] * np.sqrt(np.clip(1 - out[..., 2] ** 2, 0, 1))
         if self.ellipsoid is not None:
@@ -741,8 +741,6 @@ class _Feet:
     start: np.ndarray  # [F + 1] each foot's first point (``start[F] = P``)
     on_foot: np.ndarray  # [F] points on the foot body (the others are on the toe)
     toe_offset: np.ndarray  # [F, 3] m, toe origin in the foot frame (zeros: no toe)
-    subtree: np.ndarray  # bodies at and below each foot, foot by foot
-    subtree_foot: np.ndarray  # [len(subtree)] which foot (index into ``names``)
     skipped: Mapping[str, str]  # feet left as they are, and why
 
     @classmethod
@@ -767,12 +765,6 @@ class _Feet:
             start.append(start[-1] + len(fp) + len(tp))
             on_foot.append(len(fp))
             offset.append(tree.local_translation[ti] if ti >= 0 else np.zeros(3))
-        parents = tree.parent_indices
-        below = [[fi] for fi in foot]
-        for k in range(tree.num_nodes):  # parent-first: a body is below a foot if its parent is
-            for sub in below:
-                if parents[k] in sub and k not in sub:
-                    sub.append(k)
         matrix_body = list(foot) + sorted(set(body) - set(foot))
         counts = np.diff(start)
         width = max(1, int(counts.max())) if len(counts) else 1
@@ -795,8 +787,6 @@ class _Feet:
             start=np.array(start, dtype=np.int64),
             on_foot=np.array(on_foot, dtype=np.int64),
             toe_offset=np.array(offset, dtype=np.float64).reshape(-1, 3),
-            subtree=np.array([b for sub in below for b in sub], dtype=np.int64),
-            subtree_foot=np.array([i for i, sub in enumerate(below) for _ in sub], dtype=np.int64),
             skipped=types.MappingProxyType(skipped),
         )
 
@@ -855,46 +845,53 @@ def _median_tilt(coef: np.ndarray, count: np.ndarray):
     return f
 
 
-def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
-
-
-def _bisect_rows(f, lo, hi, f_lo, f_hi, *, steps: int, per_call: int) -> np.ndarray:
-    """``[L]``: a root of each row of ``f`` (``f(theta [L, K]) -> [L, K]``) in ``[lo, hi]`` (``[L]`` each, with
-    ``f_lo``, ``f_hi`` of different signs): ``steps`` bisection steps, ``f`` evaluated once per ``per_call`` steps
-    on the ``2**per_call - 1`` grid points those steps can visit (the steps then walk the grid, taking the
-    decisions a one-point-at-a-time bisection takes), then the zero of the line through the final bracket's ends
-    (within the bracket: exact to the bracket's width squared where ``f`` is smooth there)."""
-    lo, hi = [float(x) for x in lo], [float(x) for x in hi]
-    f_lo, f_hi = [float(x) for x in f_lo], [float(x) for x in f_hi]
+def _bisect_rows(f, lo, hi, *, steps: int, per_call: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(root [L], f(lo) [L], f(hi) [L])``: a root of each row of ``f`` (``f(theta [L, K]) -> [L, K]``) in
+    ``[lo, hi]`` (``[L]`` each) where ``f(lo)`` and ``f(hi)`` differ in sign (the other rows' roots mean nothing):
+    ``steps`` bisection steps, ``f`` evaluated once per ``per_call`` steps on the ``2**per_call - 1`` grid points
+    those steps can visit (the first time with the ends), the steps then walking the grid with the decisions a
+    one-point-at-a-time bisection takes; then the zero of the line through the final bracket's ends (inside the
+    bracket; exact to the bracket's width squared where ``f`` is smooth there)."""
+    lo, hi = np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64)
+    ends = None
     done = 0
     while done < steps:
         k = min(per_call, steps - done)
-        n = 2**k
-        grid = np.asarray(lo)[:, None] + (np.asarray(hi) - np.asarray(lo))[:, None] * (np.arange(1, n) / n)
-        values = f(grid).tolist()
-        grid = grid.tolist()
-        for i, row in enumerate(values):
+        n = 1 << k
+        frac = np.arange(0 if ends is None else 1, n + 1 if ends is None else n) / n
+        grid = lo[:, None] + (hi - lo)[:, None] * frac  # [L, n - 1], the first time [L, n + 1] with the ends
+        values, points = f(grid), grid.tolist()
+        if ends is None:
+            ends = values[:, [0, -1]]
+            f_lo, f_hi = ends[:, 0].tolist(), ends[:, 1].tolist()
+            values, points = values[:, 1:-1], [p[1:-1] for p in points]
+        for i, row in enumerate(values.tolist()):
             a, b, fa, fb = 0, n, f_lo[i], f_hi[i]
+            sa = (fa > 0) - (fa < 0)
             for _ in range(k):
-                m = (a + b) // 2
-                if _sign(row[m - 1]) == _sign(fa):
-                    a, fa = m, row[m - 1]
+                m = (a + b) >> 1
+                fm = row[m - 1]
+                if (fm > 0) - (fm < 0) == sa:
+                    a, fa = m, fm
                 else:
-                    b, fb = m, row[m - 1]
-            lo[i], hi[i] = (grid[i][a - 1] if a else lo[i]), (grid[i][b - 1] if b < n else hi[i])
+                    b, fb = m, fm
+            if a:
+                lo[i] = points[i][a - 1]
+            if b < n:
+                hi[i] = points[i][b - 1]
             f_lo[i], f_hi[i] = fa, fb
         done += k
-    lo, hi, f_lo, f_hi = (np.array(x) for x in (lo, hi, f_lo, f_hi))
+    fl, fh = np.array(f_lo), np.array(f_hi)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(f_hi != f_lo, f_lo / (f_lo - f_hi), 0.5)
-    return lo + np.clip(t, 0.0, 1.0) * (hi - lo)
+        t = np.where(fh != fl, fl / (fl - fh), 0.5)
+    return lo + np.clip(t, 0.0, 1.0) * (hi - lo), ends[:, 0], ends[:, 1]
 
 
 def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray, fps: float) -> dict:
-    """Each foot's constant sole-levelling pitch (see ``RetargetConfig.level_feet``), applied in place to the
-    local rotations ``local [T, n, 4]`` and to the world poses ``pos [T, n, 3]``, ``rot [T, n, 4]`` (the foot and
-    the bodies below it; all float64); returns ``{foot: degrees}``.
+    """Each foot's constant sole-levelling pitch (see ``RetargetConfig.level_feet``), found from the world poses
+    ``pos [T, n, 3]``, ``rot [T, n, 4]`` and applied in place to the local rotations ``local [T, n, 4]`` (all
+    float64); returns ``{foot: degrees}`` (the poses at and below a levelled foot are then stale: one more forward
+    kinematics, native, costs less than turning them here).
 
     In the frames where the foot stands (low and slow), the rearmost and the frontmost sole points (of the
     foot's and the toe's collision geoms, along the foot's walking direction) are brought to the same height
@@ -947,34 +944,19 @@ def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray
     rows = np.flatnonzero((count >= 3) & (feet.start[1:] - feet.start[:-1] >= 2))
     pad = np.array([np.inf, 0.0, 0.0])[:, None, None]
     coef = np.where(stance.T[rows][None], k[:, :, rows].transpose(0, 2, 1), pad).transpose(1, 0, 2)  # [L, 3, T]
-    tilt = _median_tilt(coef, count[rows])
-    ends = tilt(np.array([[-_PITCH_RANGE, _PITCH_RANGE]] * len(rows)))
-    theta = _bisect_rows(
-        tilt,
+    theta, at_lo, at_hi = _bisect_rows(
+        _median_tilt(coef, count[rows]),
         [-_PITCH_RANGE] * len(rows),
         [_PITCH_RANGE] * len(rows),
-        ends[:, 0],
-        ends[:, 1],
         steps=_PITCH_STEPS,
         per_call=_PITCH_STEPS_PER_CALL,
     )
-    sel = np.flatnonzero(np.sign(ends[:, 0]) != np.sign(ends[:, 1]))  # else no level pitch within range: left
+    sel = np.flatnonzero(np.sign(at_lo) != np.sign(at_hi))  # else no level pitch within range: left
     if not len(sel):
         return angles
     levelled, axis, theta = rows[sel], axis[rows[sel]], theta[sel]
     fis = feet.foot[levelled]
     local[:, fis] = _qmul(local[:, fis], _qaxis(axis, theta))
-    # the world poses at and below each levelled foot turn by world_from_foot * pitch * foot_from_world: the
-    # pitch about the foot's axis in world coordinates
-    which = np.full(nf, -1)
-    which[levelled] = np.arange(len(levelled))
-    keep = which[feet.subtree_foot] >= 0
-    sub, slot = feet.subtree[keep], which[feet.subtree_foot[keep]]
-    axis_world = np.einsum("tlij,lj->tli", mats[:, levelled], axis)  # [T, L, 3]
-    turn = _qaxis(axis_world, np.broadcast_to(theta, axis_world.shape[:2]))[:, slot]  # [T, B, 4]
-    origin = pos[:, fis][:, slot]
-    rot[:, sub] = _qmul(turn, rot[:, sub])
-    pos[:, sub] = origin + np.einsum("tbij,tbj->tbi", _qmat(turn), pos[:, sub] - origin)
     for i, t in zip(levelled, theta):
         angles[feet.names[i]] = float(np.degrees(t))
     return angles
@@ -1112,6 +1094,11 @@ class _Hinges:
     rest: np.ndarray  # [S, 4] rest parent_from_body rotation
     bone: np.ndarray  # [S, 3] unit parent -> body bone, parent frame
     bone_cross: np.ndarray  # [S, 3, 3]: x -> bone x x
+    times_bone: np.ndarray  # [S, 4, 4]: q -> q (0, bone) (row vectors)
+    rest_axis: np.ndarray  # [S, 4]: rest (0, axis)
+    child_fixed: np.ndarray  # [S, 3]: rest-rotated child bone with the hinge at angle theta is
+    child_cos: np.ndarray  # [S, 3]:   child_fixed + cos(theta) child_cos + sin(theta) child_sin
+    child_sin: np.ndarray  # [S, 3]
     child: np.ndarray  # [S, 3] body -> child bone, body frame
     axis: np.ndarray  # [S, 3] hinge axis, body frame
     twist: np.ndarray  # [S, 4, 2]: parent_from_body -> (w, xyz . axis) of the joint rotation rest^-1 parent_from_body
@@ -1141,6 +1128,10 @@ class _Hinges:
         if not rows:
             return None
         applied = tuple(r[0] for r in rows)
+
+        def pure(x):  # [S, 4] quaternions (0, x)
+            return np.concatenate([np.zeros((len(x), 1)), x], axis=1)
+
         node = np.arange(len(art.parents)) if node is None else np.asarray(node)
         rest, u, d, a = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(1, 5))
         C, rho, base = (np.array([r[k] for r in rows], dtype=np.float64) for k in range(5, 8))
@@ -1154,6 +1145,11 @@ class _Hinges:
             rest=rest,
             bone=u,
             bone_cross=_cross_matrix(u),
+            times_bone=np.swapaxes(_quat_map(np.tile(_BASIS[0], (len(u), 1)), pure(u)), 1, 2),
+            rest_axis=R.quat_multiply(rest, pure(a)),
+            child_fixed=R.quat_rotate(rest, a * (a * d).sum(-1, keepdims=True)),
+            child_cos=R.quat_rotate(rest, d - a * (a * d).sum(-1, keepdims=True)),
+            child_sin=R.quat_rotate(rest, np.cross(a, d)),
             child=d,
             axis=a,
             twist=twist,
@@ -1179,19 +1175,27 @@ def _apply_hinges(G: np.ndarray, h: _Hinges) -> None:
     v = np.einsum("tsij,sj->tsi", _qmat(X), h.child)  # where the child should be, parent frame
     vu = np.einsum("tsk,sk->ts", v, h.bone)
     delta = np.arccos(np.clip((vu - h.C) / h.rho, -1.0, 1.0))
-    th = R.wrap_angle(np.stack([h.base + delta, h.base - delta], axis=-1))  # [T, S, 2] both bends
-    jw, ja = np.moveaxis(np.einsum("tsk,skj->tsj", X, h.twist), -1, 0)  # joint rotation's w and xyz . axis
+    twist = np.einsum("tsk,skj->tsj", X, h.twist)  # the joint rotation's w and xyz . axis
+    jw, ja = twist[..., 0], twist[..., 1]
     th0 = np.where(np.hypot(jw, ja) <= np.finfo(np.float64).eps ** 2, 0.0, 2 * np.arctan2(ja, jw))  # swing-twist
+    bends = np.stack([h.base + delta, h.base - delta], axis=-1)  # [T, S, 2] the two angles that reach
+    wrapped = R.wrap_angle(np.concatenate([bends, bends - th0[..., None]], axis=-1))
+    th, off = wrapped[..., :2], np.abs(wrapped[..., 2:])  # the angles, and how far each is from th0
     outside = np.maximum(h.lo[:, None] - th, 0) + np.maximum(th - h.hi[:, None], 0)
-    cost = outside * 1e3 + np.abs(R.wrap_angle(th - R.wrap_angle(th0)[..., None]))
+    cost = outside * 1e3 + off
     pick = np.where(cost[..., 1] < cost[..., 0], th[..., 1], th[..., 0])  # [T, S] (argmin: the first on ties)
-    rest_joint = _qmul(h.rest, _qaxis(h.axis, pick))  # parent_from_body with the new hinge angle
-    w = np.einsum("tsij,sj->tsi", _qmat(rest_joint), h.child)  # child bone with the hinge, parent frame
+    # rest * exp(axis pick): cos(pick/2) rest + sin(pick/2) rest (0, axis); its child bone, parent frame (Rodrigues)
+    c, s = np.cos(0.5 * pick)[..., None], np.sin(0.5 * pick)[..., None]
+    rest_joint = c * h.rest + s * h.rest_axis
+    w = h.child_fixed + np.cos(pick)[..., None] * h.child_cos + np.sin(pick)[..., None] * h.child_sin
     # the turn about the bone u that takes w onto v: atan2(u . (w x v), w.v - (w.u)(v.u))
     wu = np.einsum("tsk,sk->ts", w, h.bone)
     u_x_w = np.einsum("tsj,sij->tsi", w, h.bone_cross)  # u x w; u . (w x v) = (u x w) . v
     phi = np.arctan2(np.einsum("tsk,tsk->ts", u_x_w, v), np.einsum("tsk,tsk->ts", w, v) - wu * vu)
-    Gp_new = _qmul(Gp, _qaxis(h.bone, phi))
+    # Gp exp(u phi) = cos(phi/2) Gp + sin(phi/2) Gp (0, u)
+    Gp_new = np.cos(0.5 * phi)[..., None] * Gp + np.sin(0.5 * phi)[..., None] * np.einsum(
+        "tsk,ski->tsi", Gp, h.times_bone
+    )
     G[:, h.parent] = Gp_new
     G[:, h.body] = _qmul(Gp_new, rest_joint)
 
@@ -1613,7 +1617,10 @@ def retarget_motion(
     pos = rot = None  # the target's world poses, once computed
     if config.level_feet and plan.feet is not None:
         pos, rot = tgt.tree.kinematics.from_local(root, local)
-        meta["retarget"]["feet_levelled_deg"] = _level_feet(plan.feet, pos, rot, local, src.fps)
+        levelled = _level_feet(plan.feet, pos, rot, local, src.fps)
+        meta["retarget"]["feet_levelled_deg"] = levelled
+        if any(levelled.values()):  # the feet and what hangs below them moved
+            pos = None
         if plan.feet.skipped:
             meta["retarget"]["feet_not_levelled"] = dict(plan.feet.skipped)
     elif config.level_feet:
