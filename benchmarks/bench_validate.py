@@ -11,7 +11,14 @@ a per-clip loop would; the ratio compares clip-seconds per wall-second. Also pri
 spent against the clips' full length in steps, the steps spent after a fall (0 with the default early stop),
 and the share of ``ok``.
 
+The sampling controller (``controller="sampling"``, docs/tracking.md) is measured apart, on a few clips without
+root assistance (``--sampling-clips``, default 2: the whole walk and a 3 s hops crop; 0 skips it): world-steps
+of its search per clip-second, wall and CPU seconds per clip-second, and the verdicts, against the PD tracker
+on the same clips in the same run. The batched run above keeps ``sampling_fallback`` off unless ``--fallback``
+(with ``--no-assist`` every fallen hops crop would be searched: hours on two cores).
+
     python benchmarks/bench_validate.py [--clips 64] [--baseline-clips 2] [--plots] [--threads 1] [--load N]
+        [--sampling-clips 2] [--samples 256]
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ def main() -> None:
     ap.add_argument("--no-early-stop", action="store_true", help="simulate fallen clips to their end")
     ap.add_argument("--controller", default="pd", choices=[c.value for c in ke.sim.tracking.Controller])
     ap.add_argument("--no-assist", action="store_true", help="no root assistance (the walk's settings use 1 Hz)")
+    ap.add_argument("--fallback", action="store_true", help="sampling fallback on in the batched run")
+    ap.add_argument("--sampling-clips", type=int, default=2, help="clips of the sampling measurement (0: none)")
+    ap.add_argument("--samples", type=int, default=256, help="TrackingSettings.sampling_samples")
     args = ap.parse_args()
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
@@ -81,6 +91,7 @@ def run(args) -> None:
         early_stop=not args.no_early_stop,
         controller=args.controller,
         root_assist_frequency_hz=0.0 if args.no_assist else SETTINGS.root_assist_frequency_hz,
+        sampling_fallback=args.fallback,
     )
     desc = ke.asset.MJCFLoader.load(DATA / "mjcf" / "dm_control" / "humanoid_CMU.xml")
     layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
@@ -142,6 +153,37 @@ def run(args) -> None:
             f"wall-s"
         )
     print(f"ratio batched / one at a time: {rate / base_rate:.1f}x")
+    if args.sampling_clips > 0:
+        sampling(model, walk, hops, args)
+
+
+def sampling(model, walk, hops, args) -> None:
+    """The sampling controller against the PD tracker on the same clips, no root assistance, one at a time."""
+    fps = hops.fps()
+    clips = {"02_01_walk": walk, "01_01_hops_3s": hops[int(3 * fps) : int(6 * fps)]}
+    clips = dict(list(clips.items())[: args.sampling_clips])
+    base = ke.sim.TrackingSettings(threads=args.threads)
+    for name, clip in clips.items():
+        line = []
+        for controller in ("pd", "sampling"):
+            st = dataclasses.replace(base, controller=controller, sampling_samples=args.samples)
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = ke.sim.track(model, [clip], settings=st)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            n = int(res.stop_step[0]) + 1
+            err = float(res.body_error_mean[0, :n].mean())
+            fell = int(res.fell_step[0])
+            search = int(res.search_step_count[0]) if res.search_step_count is not None else 0
+            line.append((controller, wall, cpu, err, fell, search))
+        d = clip.duration
+        print(f"sampling, {name} ({d:.2f} s, {args.samples} samples, no root assistance):")
+        for controller, wall, cpu, err, fell, search in line:
+            print(
+                f"  {controller:8s} {wall / d:6.1f} wall-s and {cpu / d:6.1f} CPU-s per clip-second, "
+                f"{search / d:8.0f} search world-steps per clip-second, mean body error {err:.3f} m, "
+                + (f"fell at {fell * base.dt:.2f} s" if fell >= 0 else "did not fall")
+            )
+        print(f"  ratio sampling / pd CPU time: {line[1][2] / max(line[0][2], 1e-9):.0f}x")
 
 
 if __name__ == "__main__":

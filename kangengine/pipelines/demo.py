@@ -6,11 +6,13 @@ with the same functions the subcommands run, into one folder:
 
 1. convert (:func:`~kangengine.pipelines.convert_clips`, configuration ``cmu_bvh_to_cmu_humanoid``) ->
    ``converted/cmu_02_01_walk.npz``;
-2. validate (:func:`~kangengine.pipelines.validate_clips`) with the default settings ->
-   ``validation/no_assist/``; when that verdict is ``reject``, validated again with root assistance
-   (a weak virtual spring on the root, ``root_assist_frequency_hz``; the tracker has no balance controller of its
-   own) -> ``validation/root_assist_1hz/``. Both verdicts are printed and kept in :class:`DemoResult`;
-   nothing is hidden: the assisted verdict says the clip is trackable *with help*;
+2. validate (:func:`~kangengine.pipelines.validate_clips`) with the default settings (no root assistance: the
+   PD tracker falls on the walk at 1.1 s, so ``validate`` tracks it again with the sampling search,
+   ``docs/tracking.md``, which keeps it up within 5 cm: ``ok``) -> ``validation/no_assist/``; only when that
+   verdict is ``reject`` (a cropped clip, other settings), validated again with root assistance (a weak virtual
+   spring on the root, ``root_assist_frequency_hz``) -> ``validation/root_assist_1hz/``. Both verdicts are
+   printed and kept in :class:`DemoResult`; nothing is hidden: an assisted verdict says the clip is trackable
+   *with help*;
 3. library build (:func:`~kangengine.pipelines.build_library`, clips whose last verdict is ``ok`` or ``warn``)
    -> ``library.safetensors``;
 4. export BVH (:func:`~kangengine.pipelines.export_motion`) -> ``export/cmu_02_01_walk.bvh`` (Blender reads it);
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
 from collections.abc import Callable
@@ -172,7 +175,11 @@ def run_demo(
     free_reasons = tuple(free.get("reasons", []))
     fell = (free.get("metrics") or {}).get("fell_at_s")
     why = f" ({', '.join(free_reasons)}{f'; fell at {fell:.2f} s' if fell is not None else ''})" if free_reasons else ""
-    echo(f"2/5 validate  {vdir / 'no_assist' / free['report']}: {free['verdict']}{why}, no root assistance")
+    how = ""
+    free_json = json.loads((vdir / "no_assist" / free["report"]).read_text(encoding="utf-8"))
+    if free_json.get("metrics", {}).get("controller") == "sampling":
+        how = " (the PD tracker fell; tracked by the sampling search)"
+    echo(f"2/5 validate  {vdir / 'no_assist' / free['report']}: {free['verdict']}{why}, no root assistance{how}")
     final, final_dir, assist = free, vdir / "no_assist", 0.0
     if free["verdict"] == "reject" and root_assist_hz > 0:
         final_dir = vdir / f"root_assist_{root_assist_hz:g}hz".replace(".", "_")
@@ -180,10 +187,10 @@ def run_demo(
         assist = float(root_assist_hz)
         reasons = f" ({', '.join(final.get('reasons', []))})" if final.get("reasons") else ""
         notes.append(
-            f"the walk is rejected without help ({', '.join(free_reasons)}): KangEngine's tracker has no balance "
-            f"controller, so the clip was validated again with root assistance ON ({assist:g} Hz, a weak virtual "
-            f"spring on the root, reported in the metrics): verdict {final['verdict']}; the library and the "
-            f"rest of the demo use that verdict"
+            f"the walk is rejected without help ({', '.join(free_reasons)}): neither the PD tracker nor the "
+            f"sampling search kept it up, so the clip was validated again with root assistance ON ({assist:g} Hz, "
+            f"a weak virtual spring on the root, reported in the metrics): verdict {final['verdict']}; the library "
+            f"and the rest of the demo use that verdict"
         )
         echo(f"{'':14}{final_dir / final['report']}: {final['verdict']}{reasons}, root assistance ON ({assist:g} Hz)")
         echo(f"    note: {notes[-1]}")

@@ -104,8 +104,9 @@ class ValidationResult:
         reports: :class:`ClipReport` per validated clip, in input order.
         skipped: :class:`SkippedClip` per clip that could not be validated.
         out_dir: output folder (``None``: nothing written). summary_path: the CSV.
-        timings: seconds: ``simulation`` (stepping), ``setup`` (references, feed-forward, contact fit),
-            ``metrics``, ``reports`` (verdicts, JSON, CSV), ``plots``, ``total``.
+        timings: seconds: ``simulation`` (stepping), ``search`` (the sampling fallback's search, see
+            :class:`~kangengine.sim.TrackingSettings` ``sampling_fallback``), ``setup`` (references, feed-forward,
+            contact fit), ``metrics``, ``reports`` (verdicts, JSON, CSV), ``plots``, ``total``.
         simulated_seconds: clip-seconds validated in this run (resumed clips excluded).
     """
 
@@ -309,7 +310,9 @@ def validate(
         plots: write the PNG plots (needs matplotlib, the ``viz`` extra).
         resume: skip clips whose report in ``out_dir`` records the same input hash.
         batch_size: worlds simulated together; clips are taken longest first, and a world whose clip ends,
-            falls or diverges takes the next clip (its report still covers the whole clip).
+            falls or diverges takes the next clip (its report still covers the whole clip). A clip the ``PD``
+            tracker loses (free root, no root assistance, ``settings.sampling_fallback``) and that no
+            reference-side rule rejects is tracked again with ``controller="sampling"`` and reported so.
         skipped: clips that failed before validation (name -> error), listed in the summary.
         report_stems: name -> file stem relative to ``out_dir``, ``/`` for sub-folders (``walks/02_01`` writes
             ``walks/02_01.json``); default: the name with characters other than ``A-Za-z0-9._-`` replaced.
