@@ -97,7 +97,7 @@ class _Builder:
         self.I64, self.I8 = ir.IntType(64), ir.IntType(8)
         self.f32 = isinstance(T, ir.FloatType)
         self.fabs, self.sqrt, self.rint = (self.intrinsic(x, 1) for x in ("fabs", "sqrt", "rint"))
-        self.vmax, self.vmin = self.intrinsic("maxnum", 2), self.intrinsic("minnum", 2)
+        self.copysign = self.intrinsic("copysign", 2)
 
     def intrinsic(self, name, arity):
         ir = self.ir
@@ -106,6 +106,12 @@ class _Builder:
         if full in self.mod.globals:  # declared by another function of the module
             return self.mod.globals[full]
         return ir.Function(self.mod, ir.FunctionType(self.V, [self.V] * arity), name=full)
+
+    def fmax(self, x, y):  # x > y ? x : y: one max instruction (llvm.maxnum's NaN rule costs a compare and a blend)
+        return self.b.select(self.b.fcmp_ordered(">", x, y), x, y)
+
+    def fmin(self, x, y):
+        return self.b.select(self.b.fcmp_ordered("<", x, y), x, y)
 
     def i64(self, v):
         return self.ir.Constant(self.I64, int(v))
@@ -123,11 +129,11 @@ class _Builder:
 
     def atan2(self, y, x):
         """Octant reduction to ``|u| <= tan(pi/8)``, one division, a near-minimax polynomial of ``atan(u) / u`` in
-        ``u^2`` (:func:`_atan_coefficients`); ``atan2(+-0, x < 0) = +-pi`` as numpy (callers pass ``+0.0``)."""
+        ``u^2`` (:func:`_atan_coefficients`); ``atan2(+-0, x < 0) = +-pi`` as numpy."""
         b, sp = self.b, self.splat
         zero = sp(0.0)
         ax, ay = self.call(self.fabs, x), self.call(self.fabs, y)
-        mx, mn = self.call(self.vmax, ax, ay), self.call(self.vmin, ax, ay)
+        mx, mn = self.fmax(ax, ay), self.fmin(ax, ay)
         big = b.fcmp_ordered(">", mn, b.fmul(mx, sp(math.tan(math.pi / 8))))
         num = b.select(big, b.fsub(mn, mx), mn)
         den = b.select(big, b.fadd(mn, mx), mx)
@@ -140,7 +146,7 @@ class _Builder:
         r = b.fadd(b.fmul(u, p, flags=_FMA), b.select(big, sp(math.pi / 4), zero), flags=_FMA)
         r = b.select(b.fcmp_ordered(">", ay, ax), b.fsub(sp(math.pi / 2), r), r)
         r = b.select(b.fcmp_ordered("<", x, zero), b.fsub(sp(math.pi), r), r)
-        return b.select(b.fcmp_ordered("<", y, zero), b.fsub(zero, r), r)
+        return self.call(self.copysign, r, y)  # the sign of y, as numpy (atan2(-0, x < 0) = -pi)
 
     def gather(self, base, offsets, ty):  # a vector of scalars at constant element offsets from base
         b = self.b
@@ -249,7 +255,7 @@ class _Builder:
         d13 = b.fadd(d1, self.call(self.fabs, self.wrap(b.fsub(t3, prev[2]))))
         da = b.fsub(alpha, prev[1])
         ga = b.fadd(alpha, prev[1])
-        ga = self.call(self.vmin, ga, b.fsub(sp(2.0 * math.pi), ga))
+        ga = self.fmin(ga, b.fsub(sp(2.0 * math.pi), ga))
         rhs = b.fadd(b.fmul(b.fsub(b.fmul(ga, ga), b.fmul(da, da)), sp(0.5 / math.pi)), sp(math.pi))
         return b.fcmp_ordered(">", d13, rhs), alpha
 
@@ -442,7 +448,7 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
     b = ir.IRBuilder(entry)
     B = _Builder(ir, mod, b, T)
     V, sp = B.V, B.splat
-    copysign = ir.Function(mod, ir.FunctionType(V, [V, V]), name=f"llvm.copysign.v{_W}f64")
+    copysign = B.copysign
     init = [[B.gather(pst, [r * nh + j for j in ch], D) for r in range(6)] for ch in chunks]
     I8V = ir.VectorType(I8, _W)
 
@@ -502,8 +508,8 @@ def place_ir(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs) -> str:
         backs.append((qv, p1))
         with b.if_then(want_qd):
             B.store_lanes(drow, ch[0], B.narrow(b.fdiv(b.fsub(qv, p2), tdt)), m, T)
-        mn = b.select(fresh, qv, B.call(B.vmin, mn, qv))
-        mx = b.select(fresh, qv, B.call(B.vmax, mx, qv))
+        mn = b.select(fresh, qv, B.fmin(mn, qv))
+        mx = b.select(fresh, qv, B.fmax(mx, qv))
         nexts.append((t, turns, mn, mx, b.select(fresh, qv, first_v), par))
     f1 = b.add(f, B.i64(1))
     end = b.block
@@ -729,7 +735,7 @@ class _FusedEmitter:
         B = self.B = _Builder(ir, self.mod, b, T)
         self.S = _Builder(ir, self.mod, b, T, width=0)
         V = B.V
-        self.copysign = B.intrinsic("copysign", 2)
+        self.copysign = B.copysign
         self.I1V, self.I8V = ir.VectorType(ir.IntType(1), _W), ir.VectorType(I8, _W)
         self.inv2dt = inv2dt
         v = b.insert_element(ir.Constant(V, ir.Undefined), inv2dt, B.i64(0))
@@ -877,8 +883,8 @@ class _FusedEmitter:
         upd = {
             "prev": t,
             "turns": turns,
-            "min": B.call(B.vmin, g["min"], qv),  # the state starts at +inf / -inf
-            "max": B.call(B.vmax, g["max"], qv),
+            "min": B.fmin(qv, g["min"]),  # the state starts at +inf / -inf; a NaN qv leaves them
+            "max": B.fmax(qv, g["max"]),
             "count": b.fadd(g["count"], b.select(beyond, sp(1.0), sp(0.0))),
         }
         return upd, qv
