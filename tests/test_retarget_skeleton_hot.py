@@ -217,11 +217,16 @@ def cmu_desc():
 
 @pytest.fixture(scope="module")
 def clips():
-    """Real CMU clips as convert sees them (1 s crops resampled to 30 fps, float32) and a longer one at 120 fps."""
+    """Real CMU clips as convert sees them (1 s crops resampled to 30 fps, float32) and a longer one at 120 fps,
+    in float32 and float64."""
     walk = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
     hops = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))
     out = [m[s : s + 120].resample(30.0) for m in (walk, hops) for s in (0, 150)]
-    return out + [walk[:240]]
+    long = walk[:240]
+    as64 = ke.animation.SkeletonMotion(
+        long.tree, long.root_translation.astype(np.float64), long.local_rotation.astype(np.float64), long.fps
+    )
+    return out + [long, as64]
 
 
 # -- the whole retarget ---------------------------------------------------------------------------------------
