@@ -416,6 +416,23 @@ def test_missing_file():
         load_bvh("no/such/file.bvh")
 
 
+def test_a_path_that_is_not_a_regular_file_is_missing(tmp_path):
+    """A folder, a path through a file, and a FIFO (never opened for a blocking read) are no BVH file; the error
+    names the path."""
+    import os
+
+    regular = tmp_path / "walk.bvh"
+    regular.write_bytes(data_file("bvh/other/arm_3joint.bvh").read_bytes())
+    paths = [tmp_path, regular / "inside.bvh", tmp_path / "missing.bvh"]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.bvh")
+        paths.append(tmp_path / "pipe.bvh")
+    for path in paths:
+        with pytest.raises(FileMissingError, match=re.escape(str(path))):
+            load_bvh(path)
+    assert load_bvh(regular).num_frames == load_bvh(data_file("bvh/other/arm_3joint.bvh")).num_frames
+
+
 # -- dispatcher, CLI, axes ---------------------------------------------------------------------------------
 
 
