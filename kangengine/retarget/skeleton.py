@@ -614,7 +614,6 @@ class _GroundGeoms:
     bodies: np.ndarray  # [U] bodies that carry usable geoms
     geom_body: np.ndarray  # [G] index into ``bodies``
     centre: np.ndarray  # [G, 3] geom centres in their body frames
-    body_from_geom: np.ndarray  # [G, 3, 3]
     geom_map: np.ndarray  # [G, 3, 4]: [body_from_geom | centre]: a body row r -> (r body_from_geom, r . centre)
     linear: np.ndarray  # [G, 3]
     radius: np.ndarray  # [G]
@@ -647,7 +646,6 @@ class _GroundGeoms:
             bodies=bodies,
             geom_body=geom_body,
             centre=centre,
-            body_from_geom=mats,
             geom_map=np.concatenate([mats, centre[:, :, None]], axis=2),
             linear=linear,
             radius=radius,
@@ -739,14 +737,12 @@ class _Feet:
     point_local: np.ndarray  # [P, 3] m, in that body's frame
     radius: np.ndarray  # [P] m (contact z = point z - radius)
     start: np.ndarray  # [F + 1] each foot's first point (``start[F] = P``)
-    on_foot: np.ndarray  # [F] points on the foot body (the others are on the toe)
-    toe_offset: np.ndarray  # [F, 3] m, toe origin in the foot frame (zeros: no toe)
     skipped: Mapping[str, str]  # feet left as they are, and why
 
     @classmethod
     def from_target(cls, desc, tree: SkeletonTree, pairs) -> _Feet:
         geoms = _usable_geoms(desc)
-        names, foot, toe, body, local, radius, start, on_foot, offset, skipped = [], [], [], [], [], [], [0], [], [], {}
+        names, foot, toe, body, local, radius, start, on_foot, skipped = [], [], [], [], [], [], [0], [], {}
         for f, t in pairs:
             _check_names([f] + ([t] if t else []), tree, "target", None)
             fi = tree.index(f)
@@ -764,7 +760,6 @@ class _Feet:
             radius += [fr, tr]
             start.append(start[-1] + len(fp) + len(tp))
             on_foot.append(len(fp))
-            offset.append(tree.local_translation[ti] if ti >= 0 else np.zeros(3))
         matrix_body = list(foot) + sorted(set(body) - set(foot))
         counts = np.diff(start)
         width = max(1, int(counts.max())) if len(counts) else 1
@@ -785,8 +780,6 @@ class _Feet:
             point_local=np.concatenate(local) if local else np.zeros((0, 3)),
             radius=np.concatenate(radius) if radius else np.zeros(0),
             start=np.array(start, dtype=np.int64),
-            on_foot=np.array(on_foot, dtype=np.int64),
-            toe_offset=np.array(offset, dtype=np.float64).reshape(-1, 3),
             skipped=types.MappingProxyType(skipped),
         )
 
@@ -1100,7 +1093,6 @@ class _Hinges:
     child_cos: np.ndarray  # [S, 3]:   child_fixed + cos(theta) child_cos + sin(theta) child_sin
     child_sin: np.ndarray  # [S, 3]
     child: np.ndarray  # [S, 3] body -> child bone, body frame
-    axis: np.ndarray  # [S, 3] hinge axis, body frame
     twist: np.ndarray  # [S, 4, 2]: parent_from_body -> (w, xyz . axis) of the joint rotation rest^-1 parent_from_body
     C: np.ndarray  # [S]
     rho: np.ndarray  # [S]
@@ -1151,7 +1143,6 @@ class _Hinges:
             child_cos=R.quat_rotate(rest, d - a * (a * d).sum(-1, keepdims=True)),
             child_sin=R.quat_rotate(rest, np.cross(a, d)),
             child=d,
-            axis=a,
             twist=twist,
             C=C,
             rho=rho,
