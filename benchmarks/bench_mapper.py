@@ -15,7 +15,7 @@ median of ``--repeats`` each (the peer as often as ours); on a shared machine th
 (the load average is printed before and after). The memory floor: numpy copying as many bytes as the mapping must
 read (quaternions, root translations) and write (``q``, ``qd``), into a fresh array and into a written one.
 
-    python benchmarks/bench_mapper.py [--frames 1048576] [--baseline-frames 4000] [--dtype float32]
+    python benchmarks/bench_mapper.py [--frames 1048576] [--baseline-frames 4000] [--dtype float32] [--model all]
 """
 
 from __future__ import annotations
@@ -216,12 +216,15 @@ def main():
     ap.add_argument("--baseline-frames", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--model", default="all", choices=["all", "smpl", "g1"], help="which articulation(s) to map")
     args = ap.parse_args()
     if args.frames < 100_000:
         ap.error("--frames must be at least 100000")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
-    _run("SMPL humanoid", "mjcf/protomotions/smpl_humanoid.xml", args)
-    _run("Unitree G1", "mjcf/unitree/g1_29dof.nomesh.xml", args)
+    if args.model in ("all", "smpl"):
+        _run("SMPL humanoid", "mjcf/protomotions/smpl_humanoid.xml", args)
+    if args.model in ("all", "g1"):
+        _run("Unitree G1", "mjcf/unitree/g1_29dof.nomesh.xml", args)
 
 
 if __name__ == "__main__":

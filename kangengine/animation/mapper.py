@@ -66,6 +66,9 @@ _CHAIN_REG = 1e-10  # redundant chains: weight of |theta|^2 (picks the smallest 
 _CHUNK = 4096  # frames per block in the per-frame stage (keeps temporaries in cache)
 _SUMMARY_CHUNK = 4096  # frames per block of the limit-violation summary
 _ROT_CHUNK = 32768  # frames per block of the quaternion velocities (a few rotation calls per block)
+# frames per call of the fused native pass: its loops (three chunks of bodies, then the root) each touch part of
+# every q, qd and quaternion row; 1024 frames of the SMPL humanoid are ~1 MB, so the lines they share stay in L2
+_FUSED_CHUNK = 1024
 
 
 class SkeletonOffsetWarning(UserWarning):
@@ -1283,15 +1286,15 @@ class ArticulationMotionMapper:
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
 
     def _fused_pass(self, kern, g, L, rt, q, qd, flip, state, fps, redo: set, scratch: list) -> set:
-        """One pass of the fused kernel over all frames in blocks of ``_CHUNK``; the blocks in ``redo`` (and any
+        """One pass of the fused kernel over all frames in blocks of ``_FUSED_CHUNK``; the blocks in ``redo`` (and any
         the kernel refuses: gimbal lock, zero quaternions) get their branch-0 angles from numpy. Returns the
         blocks numpy did."""
         N = L.shape[0]
         done = set()
         run = kern.bind(L, rt, q, qd, flip, state, fps)
         placed = None  # the runner of numpy-angle blocks, bound on the first such block
-        for s in range(0, N, _CHUNK):
-            e = min(s + _CHUNK, N)
+        for s in range(0, N, _FUSED_CHUNK):
+            e = min(s + _FUSED_CHUNK, N)
             if s not in redo and run(s, e, 0) == 0:
                 continue
             done.add(s)
