@@ -82,21 +82,23 @@ def _project_one(G, art, st):
 def _reference_pitch(desc, tree, pos, rot, local, fps, foot, toe):
     """(axis, pitch) of one foot as ``level_feet`` found it before: sole points rotated (scipy) at every pitch of
     a 40-step bisection on their median rear-minus-front height; pitch 0 where it does not apply."""
-    fi, ti = tree.index(foot), tree.index(toe)
+    fi = tree.index(foot)
+    ti = tree.index(toe) if toe else None
     geoms = sk._usable_geoms(desc)
     fp, fr = sk._sole_points([g for g in geoms if g.body == fi])
-    tp, tr = sk._sole_points([g for g in geoms if g.body == ti])
+    tp, tr = sk._sole_points([g for g in geoms if ti is not None and g.body == ti])
     radii = np.concatenate([fr, tr])
-    toe_t = np.array(tree.local_translation[ti], dtype=np.float64)
 
     def sole(frames, axis=None, theta=0.0):
         gf = _scipy(rot[frames, fi])
         if axis is not None:
             gf = gf * Rotation.from_rotvec(axis * theta)
         foot_pts = pos[frames, fi][:, None] + np.stack([gf.apply(p) for p in fp], axis=1)
+        if ti is None:
+            return foot_pts
         gt = gf * _scipy(local[frames, ti])
-        toe_pts = (pos[frames, fi] + gf.apply(toe_t))[:, None] + np.stack([gt.apply(p) for p in tp], axis=1)
-        return np.concatenate([foot_pts, toe_pts], axis=1)
+        toe_origin = pos[frames, fi] + gf.apply(np.array(tree.local_translation[ti], dtype=np.float64))
+        return np.concatenate([foot_pts, toe_origin[:, None] + np.stack([gt.apply(p) for p in tp], axis=1)], axis=1)
 
     every = sole(np.arange(len(pos)))
     low = (every[..., 2] - radii).min(axis=1)
@@ -108,7 +110,7 @@ def _reference_pitch(desc, tree, pos, rot, local, fps, foot, toe):
     pts = every[S]
     span = pts[..., :2] - pts[..., :2].mean(axis=1, keepdims=True)
     forward = np.r_[np.linalg.svd(span.reshape(-1, 2), full_matrices=False)[2][0], 0.0]
-    if np.mean((pos[S, ti, :2] - pos[S, fi, :2]) @ forward[:2]) < 0:
+    if ti is not None and np.mean((pos[S, ti, :2] - pos[S, fi, :2]) @ forward[:2]) < 0:
         forward = -forward
     along = (pts @ forward).mean(0)
     rear, front = int(np.argmin(along)), int(np.argmax(along))
@@ -254,6 +256,20 @@ def test_retarget_equals_the_previous_implementation(clips, cmu_desc):
         np.testing.assert_allclose(res.ground_shift, shift, atol=1e-6)
         found += [a for a in feet.values() if a != 0.0]
     assert len(found) >= len(clips) and all(-45 < a < -5 for a in found), found  # the pitch is really found
+
+
+def test_retarget_with_feet_of_different_sole_point_counts_equals_the_previous_implementation(clips, cmu_desc):
+    """One foot with its toe (9 sole points), one without (6; its walking direction from the SVD, no toe to point
+    at): the feet's padded rows and the SVD path against the previous implementation."""
+    config = sk.load_retarget_config(CONFIG).replace(level_feet=(("lfoot", "ltoes"), ("rfoot", "")))
+    for clip in (clips[0], clips[-1]):
+        res = sk.retarget_motion(clip, config, cmu_desc)
+        root, local, feet, shift = _reference_retarget(clip, config, cmu_desc)
+        levelled = res.motion.metadata["retarget"]["feet_levelled_deg"]
+        assert set(levelled) == {"lfoot", "rfoot"} and all(abs(levelled[f] - feet[f]) < 1e-4 for f in feet)
+        want = ke.animation.SkeletonMotion(res.motion.tree, root, local, clip.fps)
+        np.testing.assert_allclose(res.motion.global_translation, want.global_translation, atol=2e-6)
+        np.testing.assert_allclose(res.ground_shift, shift, atol=1e-6)
 
 
 def test_lowest_points_equal_mujoco_geom_poses(clips, cmu_desc):
