@@ -581,7 +581,8 @@ BRANCHED = """<mujoco><compiler angle="radian"/><option gravity="0 0 -9.81"/><wo
 def test_tree_and_dense_solvers_agree(tmp_path):
     """The tree-sparse factorisation and the dense Cholesky give the same steps (float64 round-off) with
     contacts, effort limits, pinned DOFs, tendons (MuJoCo humanoid) and ball-joint friction; the default
-    uses the tree from a few hundred worlds on CPU."""
+    uses the tree from a few hundred worlds on CPU. The torch step's solvers (the CPU fast path, which
+    always factorises along the tree, is held to the torch step in tests/test_sim_fast.py)."""
     desc = MJCFLoader.load(data_file("mjcf/mujoco/humanoid.xml"))
     model = _model(desc, drive_stiffness=300.0, drive_damping=20.0, effort_limit=60.0)
     gen = torch.Generator().manual_seed(0)
@@ -595,7 +596,7 @@ def test_tree_and_dense_solvers_agree(tmp_path):
     ctrl = Control(q_target=target, tau_feedforward=torch.full_like(st0.qd, 2.0), pinned=pinned)
     states = {}
     for solver in ("dense", "tree"):
-        sim, st = Simulator(model, dt=1 / 60, solver=solver), st0
+        sim, st = Simulator(model, dt=1 / 60, solver=solver, fast_path=False), st0
         for _ in range(25):
             st = sim.step(st, ctrl).state
         states[solver] = st
@@ -606,15 +607,15 @@ def test_tree_and_dense_solvers_agree(tmp_path):
     st0 = State.from_q(model=ball, q=State.neutral(ball, 3).q, qd=torch.randn(3, ball.nv, generator=gen).double())
     out = {}
     for solver in ("dense", "tree"):
-        sim, st = Simulator(ball, dt=1 / 60, solver=solver), st0
+        sim, st = Simulator(ball, dt=1 / 60, solver=solver, fast_path=False), st0
         for _ in range(30):
             st = sim.step(st).state
         out[solver] = st.qd.numpy()
     np.testing.assert_allclose(out["tree"], out["dense"], rtol=0, atol=1e-9)
 
     many = State.neutral(model, 300)  # auto: tree on CPU
-    auto = Simulator(model, dt=1 / 60).step(many, Control(q_target=many.q)).state
-    dense = Simulator(model, dt=1 / 60, solver="dense").step(many, Control(q_target=many.q)).state
+    auto = Simulator(model, dt=1 / 60, fast_path=False).step(many, Control(q_target=many.q)).state
+    dense = Simulator(model, dt=1 / 60, solver="dense", fast_path=False).step(many, Control(q_target=many.q)).state
     np.testing.assert_allclose(auto.qd.numpy(), dense.qd.numpy(), rtol=0, atol=1e-9)
 
 
