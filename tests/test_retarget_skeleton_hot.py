@@ -310,6 +310,56 @@ def test_lowest_points_equal_mujoco_geom_poses(clips, cmu_desc):
     np.testing.assert_allclose(got, want, atol=1e-9)
 
 
+_EVERY_GEOM = """<mujoco><worldbody><body name="a" pos="0 0 1"><freejoint/>
+  <geom type="sphere" size="0.05" pos="0.1 0 0"/>
+  <geom type="capsule" size="0.03 0.2" pos="0 0.1 0" euler="30 10 0"/>
+  <body name="b" pos="0.3 0 0" euler="0 40 20"><joint type="ball"/>
+    <geom type="box" size="0.1 0.05 0.02" pos="0 0 0.1" euler="10 20 30"/>
+    <geom type="cylinder" size="0.04 0.15" euler="70 0 15"/>
+    <geom type="ellipsoid" size="0.1 0.06 0.03" pos="0.1 0 -0.1" euler="5 60 0"/>
+  </body></body></worldbody></mujoco>"""
+
+
+def test_lowest_points_of_every_geom_kind_equal_mujoco(tmp_path):
+    """Spheres, capsules, boxes, cylinders and ellipsoids in random poses: the one-formula extents against each
+    kind's lowest point from MuJoCo's geom poses."""
+    mujoco = pytest.importorskip("mujoco")
+    path = tmp_path / "geoms.xml"
+    path.write_text(_EVERY_GEOM)
+    desc = ke.asset.MJCFLoader.load(path)
+    model = mujoco.MjModel.from_xml_path(str(path))
+    data = mujoco.MjData(model)
+    rng = np.random.default_rng(7)
+    pos, rot, want = [], [], []
+    for _ in range(40):
+        data.qpos[:3] = rng.normal(size=3)
+        data.qpos[3:7] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
+        data.qpos[7:11] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
+        mujoco.mj_kinematics(model, data)
+        pos.append(data.xpos[1:].copy())
+        rot.append(data.xquat[1:].copy())
+        low = []
+        for g in range(model.ngeom):
+            r, size, z = data.geom_xmat[g].reshape(3, 3)[2], model.geom_size[g], data.geom_xpos[g, 2]
+            kind = model.geom_type[g]
+            if kind == mujoco.mjtGeom.mjGEOM_SPHERE:
+                low.append(z - size[0])
+            elif kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
+                low.append(z - abs(r[2]) * size[1] - size[0])
+            elif kind == mujoco.mjtGeom.mjGEOM_BOX:
+                low.append(z - (np.abs(r) * size).sum())
+            elif kind == mujoco.mjtGeom.mjGEOM_CYLINDER:
+                low.append(z - abs(r[2]) * size[1] - size[0] * math.sqrt(max(0.0, 1 - r[2] ** 2)))
+            else:
+                low.append(z - math.sqrt(((r * size) ** 2).sum()))
+        want.append(min(low))
+    ground = sk._GroundGeoms.from_desc(desc)
+    assert ground.disc is not None and ground.ellipsoid is not None and len(ground.bare) == 0
+    pos, rot = np.array(pos), np.array(rot)
+    np.testing.assert_allclose(ground.lowest(pos, rot), want, atol=1e-9)
+    np.testing.assert_allclose(_reference_lowest(desc, pos, rot), want, atol=1e-9)
+
+
 def test_plans_are_kept_per_configuration_target_and_skeleton(clips, cmu_desc, tmp_path):
     """A second clip reuses the plan (same results as a fresh one); an edited configuration file is read again;
     T-poses given by the caller are used as given and not made read-only; kept T-poses are read-only."""
