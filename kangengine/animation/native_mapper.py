@@ -1,21 +1,32 @@
-"""The CPU strategy of the mapper's 3-hinge hot path: one machine-code pass over frames that reads each body's
-local quaternion once and writes its three hinge angles, the cost difference of its two branches and the
-branch-crossing flag of consecutive frames.
+"""The CPU strategy of the mapper's 3-hinge hot path, in machine code built for this CPU (llvmlite).
+
+Three kernels, each reading the local quaternions once:
+
+* :func:`fused_ir` (the SMPL humanoid: a free root plus one group of x/y/z hinge triplets and nothing else in q):
+  every output of a motion in one pass per frame block: Euler angles, the branch tests, the chosen track
+  unwrapped plus ``ref`` into ``q``, central-difference ``qd`` (frame ``t - 2`` read back from ``q``), the root's
+  translation, unit quaternion and velocities, and the running track sums, min/max, limit counts and non-finite
+  flags (see :meth:`ArticulationMotionMapper._map_fused
+  <kangengine.animation.mapper.ArticulationMotionMapper._map_fused>`);
+* :func:`euler_block_ir`: the angles, the cost difference of the two branches and the branch-crossing flag of
+  consecutive frames, for a triplet group of any other layout;
+* :func:`place_ir`: the placing pass after it, when that group holds every hinge.
 
 :meth:`ArticulationMotionMapper._fast_block <kangengine.animation.mapper.ArticulationMotionMapper._fast_block>`
-does this in numpy for a group of bodies whose three hinges lie on ``+-e_i, +-e_j, +-e_k`` (x/y/z triplets: the
-SMPL humanoid's 23 bodies): :func:`~kangengine.rotations.quat_to_euler` (three ``atan2`` and two ``sqrt`` per
-body), the branch cost and the pairing test, each step reading and writing ``[frames, bodies]`` arrays again. Here
-it is one pass per frame block: per frame and body the quaternion is read once, everything is computed in
-registers (float64, SIMD vectors of 8 bodies) and the results are written once. The numpy path stays the
-reference and the fallback (llvmlite missing, other axes, limits that bind, gimbal lock, zero quaternions).
+does the first step in numpy for a group of bodies whose three hinges lie on ``+-e_i, +-e_j, +-e_k``:
+:func:`~kangengine.rotations.quat_to_euler` (three ``atan2`` and two ``sqrt`` per body), the branch cost and the
+pairing test, each step reading and writing ``[frames, bodies]`` arrays again. Here per frame and body the
+quaternion is read once, everything is computed in registers (float64, SIMD vectors of 8 bodies) and the results
+are written once. The numpy path stays the reference and the fallback (llvmlite missing, other axes, limits that
+bind, gimbal lock, zero quaternions).
 
 Per frame and body, with the components permuted as :func:`~kangengine.rotations.quat_to_euler` does for the
-group's order (``a, b, c, d``): ``t_mid = 2 atan2(|(c, d)|, |(a, b)|) - pi/2`` (Tait-Bryan; proper Euler orders
-keep ``[0, pi]``), the outer angles ``atan2`` of the complex products ``(a + ib)(c -+ id)``, times the axis signs.
-``atan2`` is evaluated in float64 by octant reduction to ``|u| <= tan(pi/8)`` and the odd Taylor series of
-``atan`` to ``u^23`` (truncation below ``1.2e-11`` rad), so angles agree with numpy's ``arctan2`` to about
-``1e-11`` rad in float64 (the stored dtype's rounding in float32). Then, as the numpy path:
+group's order (``a, b, c, d``): ``t_mid = atan2(2 |(a, b)| |(c, d)|, |(a, b)|^2 - |(c, d)|^2) - pi/2`` (the double
+angle of ``atan2(|(c, d)|, |(a, b)|)``: one square root; Tait-Bryan; proper Euler orders keep ``[0, pi]``), the
+outer angles ``atan2`` of the complex products ``(a + ib)(c -+ id)``, times the axis signs. ``atan2`` is evaluated
+in float64 by octant reduction to ``|u| <= tan(pi/8)`` and a near-minimax polynomial of ``atan(u) / u`` of degree
+8 in ``u^2`` (:func:`_atan_coefficients`; error below ``2e-14`` rad), so angles agree with numpy's ``arctan2`` to
+about ``1e-13`` rad in float64 (the stored dtype's rounding in float32). Then, as the numpy path:
 
 * ``dcost = w (2 pi - 2 (|t1| + |t3|) + |wrap(2 phi - t2)| - |t2|)`` (limits never bind in such a group);
 * ``cross = |d1| + |d3| > pi + (g^2 - e^2) / (2 pi)`` with ``d1``, ``d3`` the wrapped steps of ``t1``, ``t3``
@@ -643,10 +654,11 @@ def fused_ir(
     quaternion once and writes, in registers (float64, ``<8 x double>`` over bodies), the chosen branch of each
     triplet (the track of :meth:`~kangengine.animation.ArticulationMotionMapper._place_hinges`, fixed by ``flip``),
     unwrapped against the frame before plus ``ref``; the root translation and sign-continuous unit quaternion;
-    and ``qd`` of the frame before (central differences, the root's angular velocity as the rotation vector of
-    ``Q[t+1] Q[t-1]^-1``), while it keeps the track parity and branch-decision sums, the first value, min and max
-    of each hinge, the largest limit violation and the count of frames beyond ``1e-6`` per hinge and a
-    non-finite flag (the state, float64, carried across calls).
+    and ``qd`` of the frame before (central differences from frame ``t - 2`` read back from ``q``; the root's
+    angular velocity as the rotation vector of ``Q[t+1] Q[t-1]^-1``), while it keeps the track parity and
+    branch-decision sums, the unwrapping turns, min and max of each hinge, the count of frames more than ``1e-6``
+    beyond its limits and a non-finite flag (the state, float64, carried across calls). The frame range is walked
+    once per chunk of 8 bodies and once for the root, so each loop's running values stay in vector registers.
 
     ``bodies [k]``, ``qcols``/``vcols [k, 3]`` the q and qd columns of each body's hinges, ``order``/``signs``/
     ``phi``/``weight`` as :func:`euler_block_ir`, ``limits [k, 3, 2]`` (lower, upper; +-inf when unlimited),
