@@ -22,7 +22,11 @@ import torch
 from .control import Control
 from .model import Model, State
 
-__all__ = ["FastStep", "fast_step_unsupported", "fast_step_available"]
+__all__ = ["FastStep", "FastPathUnavailable", "fast_step_unsupported", "fast_step_available"]
+
+
+class FastPathUnavailable(RuntimeError):
+    """The fast path's kernel could not be compiled on this machine (the simulator falls back to torch)."""
 
 
 def fast_step_available() -> str | None:
@@ -175,6 +179,7 @@ class FastStep:
         plan = m.layout.kinematics.plan
         ns = sum(len(st) for st in plan.steps)
         self._fk = None
+        self._compiled = False
         self._fk_shapes = ((plan.num_bodies, 3), (plan.num_bodies, 4), (ns, 3), (ns, 4), (nv, 3))
         self._runs = np.array(runs, dtype=np.int64).reshape(-1, 3)
         self._rots = np.array(rots, dtype=np.int64).reshape(-1, 2)
@@ -268,10 +273,16 @@ class FastStep:
         out_x = np.empty((w, m.nv))
         out_c = np.zeros((w, ncp, 7))
         out_w = np.zeros((w, 3))
-        self._kernel(
-            q, qd, frozen, budget, body_pos, body_quat, joint_pos, dof_axes, a, b, tau_ext, pinned, pinned_qd,
-            *self._int, *self._consts, self._scal, flags, out_v, out_x, out_c, out_w,
-        )  # fmt: skip
+        try:
+            self._kernel(
+                q, qd, frozen, budget, body_pos, body_quat, joint_pos, dof_axes, a, b, tau_ext, pinned, pinned_qd,
+                *self._int, *self._consts, self._scal, flags, out_v, out_x, out_c, out_w,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - only a first call's compile failure is turned into this
+            if self._compiled:
+                raise
+            raise FastPathUnavailable(f"the kernel did not compile ({type(exc).__name__}: {exc})") from exc
+        self._compiled = True
         # -- advance, divergence, outputs (as the torch step) --
         q_new, v_new, tau = np.empty_like(q), np.empty_like(out_v), np.empty_like(out_x)
         frozen_new, newly = np.empty(w, np.bool_), np.empty(w, np.bool_)
