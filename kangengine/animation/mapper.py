@@ -555,8 +555,10 @@ class ArticulationMotionMapper:
 
     Attributes:
         use_native: ``True`` (default): motions use the native machine-code passes of
-            :mod:`~kangengine.animation.native_mapper` where they apply (x/y/z hinge triplets, llvmlite
-            installed); ``False``: the numpy reference path everywhere (same values to ``1e-9`` rad in float64).
+            :mod:`~kangengine.animation.native_mapper` where they apply (llvmlite installed; x/y/z hinge
+            triplets; for a free root plus such triplets alone, e.g. the SMPL humanoid, one fused pass writes
+            ``q``, ``qd`` and the limit summary); ``False``: the numpy reference path everywhere (same values to
+            ``1e-9`` rad in float64).
     """
 
     def __init__(self, layout: ArticulationCoordinateLayout):
