@@ -225,6 +225,7 @@ _INT_SOLVER_KEYS = (
     "smoothing_reuse",
     "smoothing_filter_only",
     "held_yaw_from_solve",
+    "limit_round",
 )
 
 
@@ -258,6 +259,10 @@ class SolverOptions:
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
         max_step: largest step of one iteration (rad / m, infinity norm).
+        limit_round: 1: each step gets one active-set round on the joint limits (the hinges it would carry past a
+            bound are fixed on the bound and the frame's other DOFs solved again): a joint held at its limit no
+            longer stalls the rest of its chain (a clamped Newton step is not a descent direction); 0: the step
+            is only clamped.
         self_collision_weight: weight of the penalty keeping pairs of the robot's collision capsules apart
             (0: no self-collision avoidance).
         self_collision_margin: m, the clearance kept between two capsules beyond their radii.
@@ -279,6 +284,7 @@ class SolverOptions:
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
     max_step: float = 0.5
+    limit_round: int = 0
     self_collision_weight: float = 100.0
     self_collision_margin: float = 0.01
 

@@ -21,7 +21,9 @@ The normal equations ``H = J^T W J`` are assembled per kinematic chain: the rows
 (a leg, an arm with the torso) only depend on that branch's DOFs and the root's, so each group's Jacobian is
 ``[frames, rows, chain DOFs]`` and its ``J^T J`` is scattered into ``H`` (a third to a sixth of the products of
 the dense form on a humanoid). Joint limits are hard bounds: every step is projected back into them
-(box-constrained Gauss-Newton). Each clip is first solved on every ``coarse_stride``-th frame, interpolated on
+(box-constrained Gauss-Newton); with ``limit_round`` the hinges a step would carry past a bound are first fixed
+on it and the other DOFs solved again (one active-set round on the bounds, so a joint at its limit does not
+spoil the rest of the chain's step). Each clip is first solved on every ``coarse_stride``-th frame, interpolated on
 the manifold, then refined on all frames, then smoothed. The same code runs on CPU and CUDA tensors.
 """
 
@@ -668,7 +670,7 @@ def _active_set_round(hess, grad, step, one_sided):
         news.append(new)
     rows = torch.nonzero(hit)[:, 0]
     if rows.numel() == 0:
-        return step
+        return step, None
     r = rows.numel()
     hn = hess[rows].reshape(r, nv * nv)
     gn = grad[rows].clone()
@@ -679,6 +681,45 @@ def _active_set_round(hess, grad, step, one_sided):
         hn.index_add_(1, flat, (jt @ jn).reshape(r, -1))
         gn.index_add_(1, cols, (jt @ (sw * value[rows])[..., None])[..., 0])
     step[rows] = _solve(hn.view(r, nv, nv), gn)
+    return step, (rows, hn.view(r, nv, nv), gn)
+
+
+def _bound_round(hess, grad, step, q, tables, floor=None):
+    """One active-set round on the joint limits: the hinges the step would carry past a bound are fixed on that
+    bound and the frames with one are solved again for the other DOFs (``H_ff d_f = -(g_f + H_fb d_b)``), so a
+    joint held at its limit no longer spoils the step of the rest of the chain (a clamped Newton step is not a
+    descent direction). ``floor``: the rows, ``H`` and ``g`` of :func:`_active_set_round` where it changed them.
+    """
+    import torch
+
+    if tables.hinge_q.numel() == 0:
+        return step
+    qh = q[:, tables.hinge_q]
+    dh = step[:, tables.hinge_dof]
+    landed = (qh + dh).clamp(tables.hinge_lo, tables.hinge_hi)
+    cross = landed != qh + dh  # [N, H]
+    rows = torch.nonzero(cross.any(1))[:, 0]
+    if rows.numel() == 0:
+        return step
+    n, nv = grad.shape
+    h = hess[rows]
+    g = grad[rows].clone()
+    if floor is not None:
+        pos = torch.full((n,), -1, dtype=torch.int64, device=grad.device)
+        pos[floor[0]] = torch.arange(floor[0].numel(), device=grad.device)
+        p = pos[rows]
+        m = p >= 0
+        h[m] = floor[1][p[m]]
+        g[m] = floor[2][p[m]]
+    r = rows.numel()
+    fixed = torch.zeros((r, nv), dtype=torch.bool, device=grad.device)
+    fixed[:, tables.hinge_dof] = cross[rows]
+    d_fixed = torch.zeros((r, nv), dtype=grad.dtype, device=grad.device)
+    d_fixed[:, tables.hinge_dof] = torch.where(cross[rows], landed[rows] - qh[rows], 0.0)
+    free = (~fixed).to(grad.dtype)
+    g = torch.where(fixed, -d_fixed, g + (h @ d_fixed[..., None])[..., 0])
+    h = h * free[:, :, None] * free[:, None, :] + torch.diag_embed(fixed.to(grad.dtype))
+    step[rows] = _solve(h, g)
     return step
 
 
@@ -718,8 +759,11 @@ def _iterate(q, tasks, tables, layout, options, iterations: int, prior=None, kee
         lam = damping[active]
         diag.add_(lam[:, None])
         step = _solve(hess, grad)
+        floor = None
         if one_sided:
-            step = _active_set_round(hess, grad, step, one_sided)
+            step, floor = _active_set_round(hess, grad, step, one_sided)
+        if int(getattr(options, "limit_round", 0)):
+            step = _bound_round(hess, grad, step, qa, tables, floor)
         model = (qa, hess, grad, one_sided) if keep_model and full else None
         big = step.abs().amax(1, keepdim=True)
         step = step * (options.max_step / big.clamp_min(options.max_step))
@@ -750,8 +794,11 @@ def _proximal_smooth(model, q_smooth, tasks, tables, layout, options, weight: fl
     hess.diagonal(dim1=1, dim2=2).add_(weight)
     grad = grad + weight * layout.difference(q0, q_smooth)
     step = _solve(hess, grad)
+    floor = None
     if one_sided:
-        step = _active_set_round(hess, grad, step, one_sided)
+        step, floor = _active_set_round(hess, grad, step, one_sided)
+    if int(getattr(options, "limit_round", 0)):
+        step = _bound_round(hess, grad, step, q0, tables, floor)
     big = step.abs().amax(1, keepdim=True)
     step = step * (options.max_step / big.clamp_min(options.max_step))
     qn = _project_limits(layout.integrate(q0, step), tables)
