@@ -1213,8 +1213,9 @@ class RetargetResult:
             ``SkeletonTree.from_articulation(desc)``, local rotations including the bodies' rest rotations):
             ``root_translation [frames, 3]`` m, ``local_rotation [frames, nodes, 4]`` WXYZ, the source fps,
             the source's float dtype.
-        source_tpose: the source T-pose used (``SkeletonState``).
-        target_tpose: the target T-pose used (``SkeletonState``).
+        source_tpose: the source T-pose used (``SkeletonState``; unless given by the caller, the one every clip of
+            the same configuration, target and source skeleton shares: its arrays are read-only).
+        target_tpose: the target T-pose used (``SkeletonState``; shared and read-only likewise).
         scale: the root-translation scale applied.
         ground_shift: m added to the root height by the ground fix (``root_height_offset`` included): a float,
             or ``[frames]`` for ``GroundFix.ROLLING_MIN``.
