@@ -809,13 +809,11 @@ def _tilt_coefficients(R_foot, origin_z, pair_foot, radii, axis) -> np.ndarray:
     (the third row of ``R_foot``): ``k0 = oz + (g.a)(a.v) - radius``, ``k1 = g.v - (g.a)(a.v)``,
     ``k2 = g.(a x v) = v.(g x a)``."""
     g = R_foot[..., 2, :]  # [T, F, 3]
-    ga = np.einsum("tfk,fk->tf", g, axis)[..., None]
-    av = np.einsum("tfqk,fk->tfq", pair_foot, axis)  # [T, F, 2]
-    k0 = origin_z[..., None] + ga * av - radii
-    k1 = np.einsum("tfk,tfqk->tfq", g, pair_foot) - ga * av
+    g_along = np.einsum("tfk,fk->tf", g, axis)[..., None] * axis  # (g.a) a
     g_x_a = -np.einsum("tfj,fij->tfi", g, _cross_matrix(axis))  # g x a = -(a x g)
-    k2 = np.einsum("tfk,tfqk->tfq", g_x_a, pair_foot)
-    k = np.stack([k0, k1, k2])  # [3, T, F, 2]
+    # k0 - oz + radius, k1, k2 = v . (g.a) a, v . (g - (g.a) a), v . (g x a)
+    k = np.einsum("ctfk,tfqk->ctfq", np.stack([g_along, g - g_along, g_x_a]), pair_foot)  # [3, T, F, 2]
+    k[0] += origin_z[..., None] - radii
     return k[..., 0] - k[..., 1]
 
 
@@ -901,7 +899,8 @@ def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray
     foot_pos = pos[:, feet.foot]  # [T, F, 3]
     speed = np.zeros(low.shape)
     if len(pos) > 1:
-        v = np.linalg.norm(np.diff(foot_pos[..., :2], axis=0), axis=-1) * fps  # [T - 1, F]
+        step = np.diff(foot_pos[..., :2], axis=0)
+        v = np.hypot(step[..., 0], step[..., 1]) * fps  # [T - 1, F] horizontal speed
         speed = np.maximum(np.concatenate([v, v[-1:]]), np.concatenate([v[:1], v]))
     stance = (low < low.min(axis=0) + _STANCE_HEIGHT) & (speed < _STANCE_SPEED)  # [T, F]
     count = stance.sum(axis=0)
@@ -912,7 +911,7 @@ def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray
     pts = world[:, feet.point_row]  # [T, F, Pmax, 3], each foot's points (padding repeats a point, weight 0)
     valid = feet.point_valid  # [F, Pmax]
     # walking direction: the principal axis of the sole points about each frame's mean, toward the toe
-    xy = pts[..., :2] - (pts[..., :2] * feet.point_mean_weight[..., None]).sum(axis=2, keepdims=True)
+    xy = pts[..., :2] - np.einsum("tfpi,fp->tfi", pts[..., :2], feet.point_mean_weight)[:, :, None]
     xy = xy * valid[..., None]
     cov = np.einsum("tf,tfpi,tfpj->fij", weight, xy, xy)
     angle = 0.5 * np.arctan2(2.0 * cov[:, 0, 1], cov[:, 0, 0] - cov[:, 1, 1])
