@@ -91,8 +91,9 @@ def test_a_seed_fixes_the_plan(cmu, walk):
 
 
 def test_dof_groups_are_legs_trunk_and_limbs(cmu, walk):
-    """Legs: the chains from the root to the feet the walk stands on (femur, tibia, foot, toes); trunk: the
-    spine and thorax (bodies carrying over a fifth of the mass); the arms, hands and head are limbs."""
+    """Legs: the chains from the root to the feet the walk stands on (femur, tibia, foot, toes); trunk and arms:
+    the bodies whose subtree branches (spine, thorax, and the arms down to the hands, which end in fingers and
+    a thumb); the rest (neck, head, fingers) get the smallest offsets."""
     _, layout, model = cmu
     ref = T.prepare_reference(model, [walk[:60]], SMALL)
     stands = (ref.contact_height < SMALL.contact_height).any(0)
@@ -102,8 +103,8 @@ def test_dof_groups_are_legs_trunk_and_limbs(cmu, walk):
     for name, g in zip(body_of[6:], groups[6:]):
         by.setdefault(name, set()).add(g)
     assert all(by[b] == {0} for b in ("lfemur", "ltibia", "lfoot", "rfemur", "rtibia", "rfoot"))
-    assert all(by[b] == {1} for b in ("lowerback", "upperback", "thorax"))
-    assert all(by[b] == {2} for b in ("lhumerus", "rradius", "head", "lhand"))
+    assert all(by[b] == {1} for b in ("lowerback", "upperback", "thorax", "lhumerus", "rradius", "lhand"))
+    assert all(by[b] == {2} for b in ("lowerneck", "head", "lfingers", "rthumb"))
     sigma = S._Search(model, ref, SMALL, None).sigma(0, 60)
     assert float(sigma[:6].abs().max()) == 0.0  # no offsets on the root
 

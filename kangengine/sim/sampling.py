@@ -14,7 +14,7 @@ simulator states starts at the reference's first frame. Per segment:
    ``i`` starts from beam entry ``i mod keep`` (states, contact forces of the last step and offsets gathered by
    index) with a target offset ``dq_i ~ N(c dq_parent, diag(sigma^2))`` held over the segment (``c``:
    ``sampling_coherence``; ``sigma`` per DOF group (:func:`dof_groups`): ``sampling_sigma_legs`` on the chains
-   from the root to the bodies the reference stands on, ``sampling_sigma_torso`` on the trunk,
+   from the root to the bodies the reference stands on, ``sampling_sigma_torso`` on the trunk and arms,
    ``sampling_sigma_limbs`` elsewhere).
    The first ``keep`` samples are their parents' offsets unperturbed, so a segment never loses the best
    continuation it already had.
@@ -25,8 +25,11 @@ simulator states starts at the reference's first frame. Per segment:
    the weights of :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
    effectors are among the bodies). A sample whose state meets the tracker's fall rule
    (:func:`~kangengine.sim.tracking._fallen`) or diverges is out.
-4. The ``keep`` cheapest survivors become the beam (parent indices and offsets stored for backtracking). When
-   every sample is out, the search stops there: the clip falls at that segment.
+4. The ``keep`` cheapest survivors that stayed within ``sampling_fail_error`` become the beam (parent indices and
+   offsets stored for backtracking); a segment with none is searched again from up to three segments back
+   (``sampling_retries`` per clip). When every sample is out, the search stops there: the clip falls at that
+   segment. A clip whose path falls or ends over ``sampling_good_error`` is searched again with the next seeds
+   (``sampling_restarts``); the furthest, then closest, path is kept.
 
 At the end the cheapest leaf's path gives per-frame target offsets, which :func:`~kangengine.sim.track` replays
 through its normal loop (:attr:`~kangengine.sim.TrackingReference.target_offset`): the report describes that
@@ -59,14 +62,10 @@ from .tracking import (
     uses_balance,
 )
 
-__all__ = ["COST_WEIGHTS", "TRUNK_MASS_FRACTION", "SamplingPlan", "dof_groups", "sample_target_offsets"]
+__all__ = ["COST_WEIGHTS", "SamplingPlan", "dof_groups", "sample_target_offsets"]
 
 #: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s).
 COST_WEIGHTS = {"body": 1.0, "com": 2.0, "root_rotation": 0.1, "root_velocity": 0.2, "root_angular_velocity": 0.05}
-
-
-#: A body outside the legs whose subtree holds more than this share of the mass is trunk (:func:`dof_groups`).
-TRUNK_MASS_FRACTION = 0.2
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +80,9 @@ class SamplingPlan:
             after ``reached_step``: the last state reached).
         reached_step: ``[W]`` int64, last step of each clip the chosen path reached (a fall: before the end).
         cost: ``[W]`` the chosen path's summed cost (:data:`COST_WEIGHTS`).
-        env_step_count: ``[W]`` int64, world-steps simulated for each clip (samples times steps).
+        env_step_count: ``[W]`` int64, world-steps simulated for each clip (samples times steps, every
+            restart included).
+        seed_offset: ``[W]`` int64, the restart whose path was kept (its seed: ``sampling_seed`` plus this).
     """
 
     target_offset: torch.Tensor
@@ -89,22 +90,25 @@ class SamplingPlan:
     reached_step: torch.Tensor
     cost: torch.Tensor
     env_step_count: torch.Tensor
+    seed_offset: torch.Tensor
 
 
 def dof_groups(model: Model, stance_bodies: torch.Tensor) -> torch.Tensor:
     """``[nv]`` int64 group of each DOF: 0 legs (a body on the chain from the root to one of ``stance_bodies``
-    ``[n]`` int64), 1 trunk (another body that carries more than :data:`TRUNK_MASS_FRACTION` of the total mass
-    in its subtree: spine, thorax, a G1's waist), 2 limbs (the rest: arms, hands, head); the root's DOFs are 2
-    (they get no offset)."""
+    ``[n]`` int64), 1 trunk and arms (another body whose subtree branches, i.e. holds two or more leaves: the
+    spine and thorax, and on the CMU humanoid the arms down to the hands, which end in fingers and a thumb; the
+    G1's waist), 2 the rest (neck and head, fingers, single-link ends); the root's DOFs are 2 (no offset)."""
     nb = model.num_bodies
     parents = model.parents
-    mass = model.body_mass.tolist()
-    subtree = list(mass)
+    children = [0] * nb
+    for b in range(nb):
+        if parents[b] >= 0:
+            children[parents[b]] += 1
+    leaves = [1 if children[b] == 0 else 0 for b in range(nb)]
     for b in reversed(range(nb)):  # parents come before children in the body order
         if parents[b] >= 0:
-            subtree[parents[b]] += subtree[b]
-    total = sum(mass)
-    group = [1 if subtree[b] > TRUNK_MASS_FRACTION * total else 2 for b in range(nb)]
+            leaves[parents[b]] += leaves[b]
+    group = [1 if leaves[b] >= 2 else 2 for b in range(nb)]
     for b in stance_bodies.tolist():
         while b > 0:
             group[b] = 0
@@ -310,12 +314,26 @@ def sample_target_offsets(
     reached = torch.zeros(w, dtype=torch.int64, device=dev)
     costs = torch.zeros(w, dtype=model.dtype, device=dev)
     env = torch.zeros(w, dtype=torch.int64, device=dev)
+    restarts = torch.zeros(w, dtype=torch.int64, device=dev)
     for c in range(w):  # one clip at a time: its samples are the batch
         start, count = int(ref.clip_step_start[c]), int(ref.clip_step_count[c])
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(int(settings.sampling_seed))
-        off, q, last, cost, steps = search.run(start, count, gen)
+        best, spent = None, 0
+        for r in range(int(settings.sampling_restarts) + 1):
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(int(settings.sampling_seed) + r)
+            off, q, last, cost, steps = search.run(start, count, gen)
+            spent += steps
+            pos, _ = link_transforms(model, q[: last + 1])
+            error = float(torch.linalg.vector_norm(pos - ref.body_pos[start : start + last + 1], dim=-1).mean())
+            rank = (-last, error)  # the furthest path first, then the closest
+            if best is None or rank < best[0]:
+                best = (rank, off, q, last, cost, r)
+            if last == count - 1 and error <= settings.sampling_good_error:
+                break
+        _, off, q, last, cost, r = best
         offsets[start : start + count] = off
         q_path[start : start + count] = q
-        reached[c], costs[c], env[c] = last, cost, steps
-    return SamplingPlan(target_offset=offsets, q=q_path, reached_step=reached, cost=costs, env_step_count=env)
+        reached[c], costs[c], env[c], restarts[c] = last, cost, spent, r
+    return SamplingPlan(
+        target_offset=offsets, q=q_path, reached_step=reached, cost=costs, env_step_count=env, seed_offset=restarts
+    )

@@ -140,12 +140,15 @@ class TrackingSettings:
         sampling_segment_steps: control steps per segment (one offset per segment).
         sampling_sigma_legs, sampling_sigma_torso, sampling_sigma_limbs: rad (m for slides), standard deviation
             of the target offsets of the DOFs that carry the body to the ground (root-to-stance-body chains), of
-            the trunk (other bodies holding two or more end effectors) and of the rest (arms, head).
+            the trunk and arms (other bodies whose subtree branches) and of the rest (head, fingers;
+            :func:`kangengine.sim.sampling.dof_groups`).
         sampling_coherence: the mean of a sample's offset is this times its parent's offset (temporal coherence).
         sampling_seed: seed of the search's random generator (same seed, same plan).
         sampling_fail_error: m, a sample whose mean body error exceeds this within its segment has failed; a
             segment with no other sample is searched again from up to three segments back.
         sampling_retries: most such searches again per clip (then the segment's best is kept as it is).
+        sampling_restarts: searches of a clip again with the next seeds when its path falls or its mean body
+            error exceeds ``sampling_good_error`` (m); the furthest, then closest, path is kept.
         sampling_fallback: :func:`kangengine.pipelines.validate` only: a clip the ``PD`` tracker (without root
             assistance) loses (``fell``, ``tracking_error``) and that no reference-side rule rejects is tracked
             again with :attr:`Controller.SAMPLING`, and that result is reported (with an info reason).
@@ -232,6 +235,8 @@ class TrackingSettings:
     sampling_fail_error: float = 0.1
     sampling_retries: int = 20
     sampling_fallback: bool = True
+    sampling_restarts: int = 2
+    sampling_good_error: float = 0.05
     sampling_seed: int = 0
     wbc_root_frequency_hz: float = 2.0
     wbc_joint_frequency_hz: float = 6.0
