@@ -32,17 +32,27 @@ def _stats(x: np.ndarray) -> dict:
 
 
 def _speed_peaks(local_rot: np.ndarray, fps: float) -> tuple[float, float]:
-    """Peak angular speed (rad/s) and acceleration (rad/s^2) of a skeleton's local joint rotations."""
+    """Peak angular speed (rad/s) and acceleration (rad/s^2) of a skeleton's local joint rotations
+    ``[frames, joints, 4]`` WXYZ (the root joint left out): the rotation vectors of the frame-to-frame rotations
+    ``q[t+1] q[t]^-1`` (shortest way round) times fps, and their differences times fps. In float32, the product
+    written out (a metric: the peaks agree with float64 to ~1e-6 relative)."""
     if local_rot.shape[0] < 3:
         return 0.0, 0.0
-    rel = R.quat_multiply(local_rot[1:], R.quat_conjugate(local_rot[:-1]))
-    # rotation vectors of the (unit) frame-to-frame rotations, shortest way round
-    s = np.linalg.norm(rel[..., 1:], axis=-1)
-    k = 2.0 * np.arctan2(s, np.abs(rel[..., 0])) / np.maximum(s, 1e-12)
-    k = np.where(s > 1e-12, k, 2.0) * np.where(rel[..., 0] < 0, -1.0, 1.0)
-    w = rel[..., 1:] * (k * fps)[..., None]  # [N-1, J, 3] rad/s
-    acc = np.linalg.norm(np.diff(w, axis=0), axis=-1) * fps
-    return float(np.linalg.norm(w, axis=-1)[:, 1:].max()), float(acc[:, 1:].max())
+    q = np.ascontiguousarray(np.asarray(local_rot)[:, 1:].transpose(2, 0, 1), dtype=np.float32)
+    aw, ax, ay, az = q[:, 1:]
+    bw, bx, by, bz = q[:, :-1]
+    w = aw * bw + ax * bx + ay * by + az * bz  # a * conj(b)
+    x = ax * bw - aw * bx - ay * bz + az * by
+    y = ay * bw - aw * by - az * bx + ax * bz
+    z = az * bw - aw * bz - ax * by + ay * bx
+    s = np.sqrt(x * x + y * y + z * z)
+    k = np.where(s > 1e-12, 2.0 * np.arctan2(s, np.abs(w)) / np.maximum(s, 1e-12), 2.0)
+    k = k * np.where(w < 0, -fps, fps)  # [N-1, J-1]: rad/s per unit of the vector part
+    wx, wy, wz = x * k, y * k, z * k
+    speed = np.sqrt(wx * wx + wy * wy + wz * wz)
+    dx, dy, dz = np.diff(wx, axis=0), np.diff(wy, axis=0), np.diff(wz, axis=0)
+    acc = np.sqrt(dx * dx + dy * dy + dz * dz) * fps
+    return float(speed.max()), float(acc.max())
 
 
 def _foot_metrics(layout, bpos, brot, cfg, tg, fps: float) -> dict:

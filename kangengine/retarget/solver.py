@@ -284,6 +284,22 @@ def _quat_log(q):
     return q[..., 1:] * scale
 
 
+def _task_points(bpos, brot, parts):
+    """World points (or directions) of several sets of body-frame vectors in one gather and one rotation:
+    ``parts`` is a list of ``(body [K] int64, local [K, 3])`` (points: the body origin is added) or
+    ``(body, local, False)`` (directions: rotated only); returns ``[N, K, 3]`` per part (``bpos [N, B, 3]``,
+    ``brot [N, B, 4]`` world_from_body). Fewer, larger tensor ops than one rotation per part."""
+    import torch
+
+    sizes = [int(p[0].numel()) for p in parts]
+    body = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    local = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    n = bpos.shape[0]
+    rotated = _quat_rotate(brot[:, body], local.expand(n, -1, -1))
+    out = [x.contiguous() for x in rotated.split(sizes, 1)] if len(parts) > 1 else [rotated]
+    return [x + bpos[:, p[0]] if len(p) < 3 or p[2] else x for x, p in zip(out, parts)]
+
+
 @dataclass(frozen=True)
 class _Frames:
     body_positions: object  # [N, B, 3]
@@ -292,26 +308,33 @@ class _Frames:
     dof_axes: object  # [N, V, 3]
 
 
-def _joint_frames(q, layout, tables) -> _Frames:
+def _joint_frames(q, layout, tables, parts=None):
     """Body transforms, joint anchors and DOF axes in the world at ``q [N, nq]``.
 
     With one joint per body (no ball) they come from the body transforms alone (``from_coordinates``, the
     native kernel on the CPU when one is built): a hinge's world axis is its body's rotation of its axis and
     its anchor is fixed by its own rotation, so ``anchor_world = body_pos + R_body anchor``. Otherwise the
-    traced ``joint_frames`` program gives them."""
+    traced ``joint_frames`` program gives them.
+
+    ``parts``: ``None``, or a list of ``(body [K], local [K, 3])`` whose world points (:func:`_task_points`) are
+    placed in the same rotation as the anchors and axes; then ``(frames, [points [N, K, 3] per part])``."""
     import torch
 
     kin = layout.kinematics
+    parts = parts or []
     if tables.step_body is None:
         fr = kin.joint_frames(q)
-        return _Frames(fr.body_positions, fr.body_rotations_wxyz, fr.joint_positions, fr.dof_axes)
+        out = _Frames(fr.body_positions, fr.body_rotations_wxyz, fr.joint_positions, fr.dof_axes)
+        pts = _task_points(out.body_positions, out.body_rotations_wxyz, parts) if parts else []
+        return (out, pts) if parts else out
     bpos, brot = kin.from_coordinates(q)
-    n = q.shape[0]
     sb = tables.step_body
-    jpos = bpos[:, sb] + _quat_rotate(brot[:, sb], tables.step_anchor.expand(n, -1, -1))
-    ax = _quat_rotate(brot[:, tables.dof_body], tables.dof_axis_local.expand(n, -1, -1))
+    jpos, ax, *pts = _task_points(
+        bpos, brot, [(sb, tables.step_anchor), (tables.dof_body, tables.dof_axis_local, False)] + parts
+    )
     ax = torch.where(tables.dof_world[None, :, None], tables.dof_axis_local[None], ax)
-    return _Frames(bpos, brot, jpos, ax)
+    out = _Frames(bpos, brot, jpos, ax)
+    return (out, pts) if parts else out
 
 
 def _dof_moments(frames, tables):
@@ -531,11 +554,13 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
     import torch
 
     groups = _row_groups(tasks, tables, layout.nv) if groups is None else groups
-    fr = _joint_frames(q, layout, tables)
-    bpos, brot = fr.body_positions, fr.body_rotations_wxyz
     n, nv = q.shape[0], layout.nv
+    parts = [(tasks.point_body, tasks.point_offset), (tasks.ground_body, tasks.ground_offset)]
+    if tasks.num_pairs:
+        parts.append((tasks.capsule_body.repeat_interleave(2), tasks.capsule_segment.reshape(-1, 3)))
+    fr, (pt_x, gx, *caps) = _joint_frames(q, layout, tables, parts)
+    brot = fr.body_rotations_wxyz
     coef = _dof_moments(fr, tables)
-    pt_x = bpos[:, tasks.point_body] + _quat_rotate(brot[:, tasks.point_body], tasks.point_offset.expand(n, -1, -1))
     pt_r = pt_x - tasks.point_target
     pt_s = tasks.point_weight.sqrt()
     no, ng = tasks.orient_body.numel(), tasks.ground_body.numel()
@@ -547,13 +572,10 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
         a_rot = (fr.dof_axes * tables.dof_rotational.to(q.dtype)[None, :, None]).transpose(1, 2)  # [N, 3, V]
     one_sided = []
     if ng:
-        gx = bpos[:, tasks.ground_body] + _quat_rotate(
-            brot[:, tasks.ground_body], tasks.ground_offset.expand(n, -1, -1)
-        )
         h = gx[..., 2] - tasks.ground_radius - tasks.ground_height  # [N, G]
         g_s = ((h < 0).to(q.dtype) * tasks.ground_weight).sqrt()
     if tasks.num_pairs:
-        seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
+        seg = caps[0].reshape(n, -1, 2, 3)
         gap, normal, closest = pair_distances(seg, tasks.pair, tasks.capsule_radius)
         gap = gap - tasks.pair_clearance
         c_s = ((gap < 0).to(q.dtype) * tasks.pair_weight).sqrt()
@@ -612,20 +634,20 @@ def _cost(q, tasks: IKTasks, tables, layout, prior=None):
 
     bpos, brot = layout.kinematics.from_coordinates(q)
     n = q.shape[0]
-    x = bpos[:, tasks.point_body] + _quat_rotate(brot[:, tasks.point_body], tasks.point_offset.expand(n, -1, -1))
+    parts = [(tasks.point_body, tasks.point_offset), (tasks.ground_body, tasks.ground_offset)]
+    if tasks.num_pairs:
+        parts.append((tasks.capsule_body.repeat_interleave(2), tasks.capsule_segment.reshape(-1, 3)))
+    x, gx, *caps = _task_points(bpos, brot, parts)
     cost = (tasks.point_weight * (x - tasks.point_target) ** 2).sum((1, 2))
     if tasks.orient_body.numel():
         conj = brot[:, tasks.orient_body] * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
         err = _quat_log(_quat_mul(tasks.orient_target_wxyz, conj))
         cost = cost + (tasks.orient_weight[..., None] * err * err).sum((1, 2))
     if tasks.ground_body.numel():
-        gx = bpos[:, tasks.ground_body] + _quat_rotate(
-            brot[:, tasks.ground_body], tasks.ground_offset.expand(n, -1, -1)
-        )
         h = (gx[..., 2] - tasks.ground_radius - tasks.ground_height).clamp_max(0.0)
         cost = cost + tasks.ground_weight * (h * h).sum(1)
     if tasks.num_pairs:
-        seg = capsules_world(bpos, brot, tasks.capsule_body, tasks.capsule_segment)
+        seg = caps[0].reshape(n, -1, 2, 3)
         gap = (pair_distances(seg, tasks.pair, tasks.capsule_radius)[0] - tasks.pair_clearance).clamp_max(0.0)
         cost = cost + tasks.pair_weight * (gap * gap).sum(1)
     if tasks.posture_weight > 0:
