@@ -83,7 +83,9 @@ def _print_metrics(name, m, fps_rate, wall, cpu):
     kb = m["key_body_error_m"]
     print(
         f"{name:10s} {fps_rate:9.0f} frames/s (wall {wall:6.2f} s, cpu {cpu:6.2f} s) | key-body error mean "
-        f"{kb['mean'] * 100:5.1f} cm max {kb['max'] * 100:5.1f} cm | floating {m['floating_share'] * 100:5.1f} % | "
+        f"{kb['mean'] * 100:5.2f} cm max {kb['max'] * 100:5.2f} cm | orientation error mean "
+        f"{m['orientation_error_deg']['mean']:4.1f} deg max {m['orientation_error_deg']['max']:4.0f} deg | "
+        f"floating {m['floating_share'] * 100:5.1f} % | "
         f"slide/phase max {m['slide_per_phase_cm_max']:5.1f} cm, planted {m['planted_speed_cm_s']:5.1f} cm/s | "
         f"penetration {m['penetration_m'] * 100:4.1f} cm | limit hits {m['joint_limit_hits']} | "
         f"joint vel peak {m['joint_velocity_peak_rad_s']:5.1f} rad/s "
