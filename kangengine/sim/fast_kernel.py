@@ -1,4 +1,4 @@
-"""The simulator's step for one world at a time as compiled native code (numba), for small batches on the CPU.
+"""The simulator's step for one world at a time as compiled native code (numba), for the CPU.
 
 The same maths as :meth:`kangengine.sim.Simulator.step` (the torch step stays the reference): energy
 correction, recursive Newton-Euler bias forces, composite inertias with the contact point stiffnesses, the
@@ -6,10 +6,12 @@ Newton iterations on the incremental potential with the same gradients, Gauss-Ne
 ``M dv`` taken from the Newton system, the pending contact forces and the same line search; the linear
 systems are solved by the tree-sparse ``L^T D L`` factorisation (Featherstone), which equals the dense
 Cholesky solve up to round-off. Everything runs in float64; worlds are looped inside the kernel, so a step
-is one call instead of ~1500 small tensor operations.
+is one call instead of ~3600 small tensor operations.
 
-Only :mod:`kangengine.sim.fast` calls this module; it is imported lazily (numba loads in ~0.5 s and
-compiles the kernel once per machine, cached on disk).
+Division follows IEEE 754 as in torch (``error_model="numpy"``: a zero divisor gives inf or NaN, which the
+step's divergence check then catches, instead of raising). Only :mod:`kangengine.sim.fast` calls this
+module; it is imported lazily (numba loads in ~0.5 s and compiles the kernels once per machine, 30-40 s,
+cached on disk).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ __all__ = ["step_kernel", "difference_kernel", "integrate_kernel"]
 _SQRT_PI_2 = math.sqrt(math.pi) / 2.0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _phi_dx(x, vf, r, vs):
     """``phi'(x) / x`` (:func:`kangengine.sim.control.friction_phi_derivative_over_x`)."""
     if x < vf:
@@ -35,7 +37,7 @@ def _phi_dx(x, vf, r, vs):
     return (r + (1.0 - r) * math.exp(-t * t)) / max(x, 1e-30)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _phi(x, vf, r, vs):
     """``phi(x)`` (:func:`kangengine.sim.control.friction_phi`)."""
     if x < vf:
@@ -46,12 +48,12 @@ def _phi(x, vf, r, vs):
     return 2.0 * vf / 3.0 + r * t + (1.0 - r) * vs * _SQRT_PI_2 * math.erf(t / max(vs, 1e-30))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _clamp(x, lo, hi):
     return min(max(x, lo), hi)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _apply_inertia(f, m, out):
     """``out[6] = I m`` for the ten-number spatial inertia ``f`` and motion ``m``."""
     ms, hx, hy, hz, ixx, iyy, izz, ixy, ixz, iyz = f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]
@@ -64,7 +66,7 @@ def _apply_inertia(f, m, out):
     out[5] = ms * vz + wx * hy - wy * hx
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _twists(s, x, dof_body, parents, out):
     """``out [B, 6]``: body twists of DOF rates ``x [nv]`` (path sums, root first)."""
     out[:] = 0.0
@@ -79,7 +81,7 @@ def _twists(s, x, dof_body, parents, out):
                 out[b, k] += out[p, k]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gen_forces(s, f, dof_body, parents, out):
     """``out [nv]``: generalized forces of body forces ``f [B, 6]`` (summed over subtrees in place)."""
     for b in range(f.shape[0] - 1, 0, -1):
@@ -95,7 +97,7 @@ def _gen_forces(s, f, dof_body, parents, out):
         out[j] = acc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _mass_product(s, inertia, arm, x, dof_body, parents, tw, fb, tmp, out):
     """``out = M x`` (one pass down and one up the tree, armature included)."""
     _twists(s, x, dof_body, parents, tw)
@@ -107,7 +109,7 @@ def _mass_product(s, inertia, arm, x, dof_body, parents, tw, fb, tmp, out):
         out[j] += arm[j] * x[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _point_velocity(tw, cb, off, out):
     """``out [C, 3]``: velocities of the contact points (offsets ``off``) on bodies ``cb`` of twists ``tw``."""
     for c in range(cb.shape[0]):
@@ -118,7 +120,7 @@ def _point_velocity(tw, cb, off, out):
         out[c, 2] = t[5] + (t[0] * ry - t[1] * rx)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ltdl_solve(hm, par, rhs, out):
     """``out = H^-1 rhs`` for the lower triangle of ``hm [nv, nv]`` (overwritten by its ``L^T D L``
     factors; Featherstone's no-fill-in factorisation along the DOF parent chain ``par``)."""
@@ -149,7 +151,7 @@ def _ltdl_solve(hm, par, rhs, out):
             i = par[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _joint_speed(v, group, has_group, out):
     n = v.shape[0]
     if not has_group:
@@ -165,7 +167,7 @@ def _joint_speed(v, group, has_group, out):
         out[j] = math.sqrt(acc)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _joint_energy(vv, qs, a, b, e_coef, e_const, effort, lim_active, jc, jf, group, flags, h, speed):
     """Summed energy of the joint-space terms at ``vv [nv]`` (:meth:`Simulator._joint_energy`)."""
     has_damping, has_springs, has_dry, has_limits, has_effort, has_group = flags
@@ -200,7 +202,7 @@ def _joint_energy(vv, qs, a, b, e_coef, e_const, effort, lim_active, jc, jf, gro
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_energy(u, depth0, act, mlh, cc, h, stiff, damp, falloff, stribeck):
     """Summed contact energy at point velocities ``u [C, 3]`` with lagged activity and friction bound."""
     total = 0.0
@@ -214,7 +216,7 @@ def _contact_energy(u, depth0, act, mlh, cc, h, stiff, damp, falloff, stribeck):
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _frames(bp, bq, jp, axes, dof_step, is_ang, is_lin, rot, s):
     """Rotation matrices ``rot [B, 9]`` (row-major ``world_from_body``) and DOF motions ``s [nv, 6]``
     (angular, velocity of the point at the root origin) of one world from its forward kinematics."""
@@ -237,7 +239,7 @@ def _frames(bp, bq, jp, axes, dof_step, is_ang, is_lin, rot, s):
         s[j, 5] = axes[j, 2] * is_lin[j] + (jax * ay_ - jay * ax_)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _inertias(bp, rot, body_c, ri, wm, inertia):
     """``inertia [B, 10]``: spatial inertias about the root origin, world axes
     (:func:`kangengine.sim.dynamics.spatial_inertias`)."""
@@ -270,7 +272,7 @@ def _inertias(bp, rot, body_c, ri, wm, inertia):
         f[9] = wm[1, 2] - my * cz
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _mechanical_energy(inertia, tw, qd, arm, body_c, g, origin, tmp):
     """``(kinetic, gravitational)`` J of one world (:func:`kangengine.sim.dynamics.mechanical_energy_t`)."""
     kin_b = 0.0
@@ -289,7 +291,7 @@ def _mechanical_energy(inertia, tw, qd, arm, body_c, g, origin, tmp):
     return 0.5 * kin_b + 0.5 * ka, pot
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _energy_scale(budget, kin, pot, frozen):
     """The velocity scale that meets ``budget`` and the kinetic-energy change it makes
     (:meth:`Simulator._energy_scale`)."""
@@ -301,7 +303,7 @@ def _energy_scale(budget, kin, pot, frozen):
     return math.sqrt(ratio), kin * (ratio - 1.0)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _bias_forces(s, qd, tw, inertia, dof_frame, dof_body, parents, body_c, g, uniform, sv, fv, acc, fb, tmp, out):
     """``out [nv]``: Coriolis, centrifugal and gravity forces ``c(q, qd)`` by recursive Newton-Euler
     (:func:`kangengine.sim.dynamics.rnea`); ``tw``: the body twists of ``qd``."""
@@ -358,7 +360,7 @@ def _bias_forces(s, qd, tw, inertia, dof_frame, dof_body, parents, body_c, g, un
     _gen_forces(s, fb, dof_body, parents, out)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_points(bp, rot, cp_i, cp_c, ground, pos, off, depth0):
     """Contact points of one world: world positions ``pos``, offsets from the root origin ``off`` (``[C,
     3]``) and penetrations ``depth0 [C]`` (:func:`kangengine.sim.contact.contact_geometry`)."""
@@ -374,7 +376,7 @@ def _contact_points(bp, rot, cp_i, cp_c, ground, pos, off, depth0):
         depth0[c] = ground - pz
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _assemble_lower(comp, s, dof_body, dof_par, parents, nfeat, applied, tmp, out):
     """The lower triangle ``out[j, i]`` (``i`` on ``j``'s path to the root) of the joint-space matrix of the
     per-body features ``comp [B, >= 10]`` (spatial inertias; with ``nfeat == 16`` also the contact point
@@ -406,7 +408,7 @@ def _assemble_lower(comp, s, dof_body, dof_par, parents, nfeat, applied, tmp, ou
             i = dof_par[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _joint_terms(v, qs, spring0, a, bb, effort, jc, jf, group, flags, h, lim_active, speed, grad, hd):
     """Gradient ``grad`` and diagonal curvature ``hd`` (``[nv]``) of the joint-space terms at ``v`` and the
     lagged limit activity (:meth:`Simulator._joint_terms`)."""
@@ -440,7 +442,7 @@ def _joint_terms(v, qs, spring0, a, bb, effort, jc, jf, group, flags, h, lim_act
         hd[j] = hj
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_features(u, off, depth0, pending, inertia, cp_i, cc, scal, comp, lagged):
     """Per body ``comp [B, 22]``: the spatial inertia, the stiffness features of the contact points
     (:func:`kangengine.sim.contact.point_stiffness_rows`) and the spatial force of ``h f`` less the pending
@@ -499,7 +501,7 @@ def _contact_features(u, off, depth0, pending, inertia, cp_i, cc, scal, comp, la
         cf[21] += fzh
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _coupling_terms(v, cq, cpl_m, cpl, h, crate, ract, cw, grad, hm):
     """Joint-space coupling rows at ``v``: limit penalty and damper on ``C v`` into ``grad`` and the lower
     triangle of ``hm``; per row the rate, activity and curvature (:meth:`Simulator._coupling_terms`)."""
@@ -522,7 +524,7 @@ def _coupling_terms(v, cq, cpl_m, cpl, h, crate, ract, cw, grad, hm):
                         hm[i, j] += cw[r] * (ci * cpl_m[r, j])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _coupling_energy_change(cq, crate, cdv, ract, cpl, h):
     """The coupling rows' energy at ``C (v + dv)`` less that at ``C v`` (lagged damper activity)."""
     de = 0.0
@@ -536,7 +538,7 @@ def _coupling_energy_change(cq, crate, cdv, ract, cpl, h):
     return de
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _step_length(de, slope):
     """1 when the full step lowers the energy by at least a quarter of the predicted decrease, else the
     minimiser of the quadratic through ``E(0)``, the slope and ``E(1)`` within ``[0.05, 1]``."""
@@ -547,7 +549,7 @@ def _step_length(de, slope):
     return 1.0 if de <= 0.25 * slope else back
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_report(u, depth0, pos, cc, scal, out):
     """``out [C, 7]``: normal force, friction x, y, depth at the end of the step and position per point."""
     h, stiff, damp, falloff, strib = scal[0], scal[7], scal[8], scal[9], scal[10]
@@ -563,7 +565,7 @@ def _contact_report(u, depth0, pos, cc, scal, out):
         o[4], o[5], o[6] = pos[c, 0], pos[c, 1], pos[c, 2]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _drive_energy_terms(a, bb, effort, h, e_coef, e_const):
     """Per DOF ``h / (2 b)`` where ``b > 0`` and the constant force ``h clamp(a)`` where ``b == 0``."""
     for j in range(a.shape[0]):
@@ -575,7 +577,7 @@ def _drive_energy_terms(a, bb, effort, h, e_coef, e_const):
             e_const[j] = h * _clamp(a[j], -effort[j], effort[j])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _joint_inputs(
     w, qd, bias, tau_ext, qs_all, dof_q_index, jc, pinned, pinned_qd, has_pin, force, qs, spring0, v, free
 ):
@@ -594,7 +596,7 @@ def _joint_inputs(
                 v[j] = pinned_qd[w, j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_gradient(s, comp, dof_body, grad):
     """``grad -= J^T (h f - pending)``: each DOF's motion against its body's composite contact wrench."""
     for j in range(s.shape[0]):
@@ -603,7 +605,7 @@ def _contact_gradient(s, comp, dof_body, grad):
             grad[j] -= s[j, k] * cf[16 + k]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pin_rows(grad, hm, free, dof_par):
     """Pinned DOFs: zero gradient, identity rows and columns of the Hessian (so their ``dv`` is 0)."""
     for j in range(grad.shape[0]):
@@ -615,7 +617,7 @@ def _pin_rows(grad, hm, free, dof_par):
         hm[j, j] += 1.0 - free[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _contact_stiffness_product(lagged, du, kdu, ncp):
     """``kdu = K du`` per contact point (lagged curvatures) and ``du . K du``."""
     total = 0.0
@@ -627,7 +629,7 @@ def _contact_stiffness_product(lagged, du, kdu, ncp):
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _inertial_change(dv, grad, mvq, force, h, dmd, pending, du, ncp):
     """``(de, slope)``: the exact change of the inertial part along ``dv`` (``dv.M(v - qd) + 1/2 dv.M dv -
     h force.dv`` plus the pending contact forces' work) and ``grad . dv``."""
@@ -641,7 +643,7 @@ def _inertial_change(dv, grad, mvq, force, h, dmd, pending, du, ncp):
     return de, slope
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _budget(qd, v, dv_m, bias, h):
     """The work of the non-conservative forces at the mean velocity, from ``dv_m = M (v - qd)``."""
     work = 0.0
@@ -650,13 +652,13 @@ def _budget(qd, v, dv_m, bias, h):
     return work
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _add_diagonal(hm, hd, arm):
     for j in range(hd.shape[0]):
         hm[j, j] += hd[j] + arm[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _start_energy(inertia, tw, qd, arm, body_c, g, origin, tmp, budget, frozen, flags):
     """``(kinetic, gravitational, correction)`` J at the step's start; with a budget (``flags[9]``) the
     velocities ``qd`` and twists ``tw`` are scaled in place to meet it and the kinetic energy includes the
@@ -672,7 +674,28 @@ def _start_energy(inertia, tw, qd, arm, body_c, g, origin, tmp, budget, frozen, 
     return kin0 + fix, pot0, fix
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
+def _lin(out, x, y, b):
+    """``out = x + b y`` element-wise (no temporaries)."""
+    for i in range(out.shape[0]):
+        out[i] = x[i] + b * y[i]
+
+
+@njit(cache=True, error_model="numpy")
+def _fma(out, x, y, z):
+    """``out = x + y z`` element-wise."""
+    for i in range(out.shape[0]):
+        out[i] = x[i] + y[i] * z[i]
+
+
+@njit(cache=True, error_model="numpy")
+def _axpy(y, a, x):
+    """``y += a x`` element-wise."""
+    for i in range(y.shape[0]):
+        y[i] += a * x[i]
+
+
+@njit(cache=True, error_model="numpy")
 def step_kernel(
     qs_all,
     qd_all,
@@ -738,7 +761,7 @@ def step_kernel(
     qd, v, qs, force, bias, spring0 = np.empty(nv), np.empty(nv), np.empty(nv), np.empty(nv), np.empty(nv), np.empty(nv)
     free, mvq, grad, hd, lim_active = np.ones(nv), np.empty(nv), np.empty(nv), np.empty(nv), np.zeros(nv)
     speed, dv, mdv, rhs, vt = np.empty(nv), np.empty(nv), np.empty(nv), np.empty(nv), np.empty(nv)
-    e_coef, e_const = np.empty(nv), np.empty(nv)
+    e_coef, e_const, zero_nv = np.empty(nv), np.empty(nv), np.zeros(nv)
     hm, mass_h = np.empty((nv, nv)), np.empty((nv, nv))
     off, pos, u1 = np.empty((nc1, 3)), np.empty((nc1, 3)), np.empty((nc1, 3))
     u, du = np.zeros((nc1, 3)), np.zeros((nc1, 3))
@@ -772,14 +795,15 @@ def step_kernel(
             _assemble_lower(comp[:, :10], s, dof_body, dof_par, parents, 10, applied, tmp, mass_h)
         mvq[:] = 0.0
         if has_pin:  # M (v - qd)
-            vt[:] = v - qd
+            _lin(vt, v, qd, -1.0)
             _mass_product(s, inertia, arm, vt, dof_body, parents, tw2, fb, tmp, mvq)
         pending[:] = 0.0
         # -- Newton iterations --
         for it in range(iterations):
             last = it == iterations - 1
             _joint_terms(v, qs, spring0, a, bb, effort, jc, jf, group, jflags, h, lim_active, speed, grad, hd)
-            grad += mvq - h * force
+            _axpy(grad, 1.0, mvq)
+            _axpy(grad, -h, force)
             if has_contact:  # contact forces and point stiffnesses mapped with the inertias in one pass
                 _contact_features(u, off, depth0, pending, inertia, cp_i, cc, scal, comp, lagged)
                 _assemble_lower(comp, s, dof_body, dof_par, parents, 16, applied, tmp, hm)
@@ -791,7 +815,7 @@ def step_kernel(
                 _coupling_terms(v, cq[:nr], cpl_m, cpl, h, crate, ract, cw, grad, hm)
             if has_pin:
                 _pin_rows(grad, hm, free, dof_par)
-            rhs[:] = -grad
+            _lin(rhs, zero_nv, grad, -1.0)
             _ltdl_solve(hm, dof_par, rhs, dv)
             if has_contact:
                 _twists(s, dv, dof_body, parents, tw2)
@@ -799,11 +823,11 @@ def step_kernel(
             if has_cpl:
                 cdv[:nr] = cpl_m @ dv
             if last and not line_search:
-                v += dv
-                u += du
+                _axpy(v, 1.0, dv)
+                _axpy(u.reshape(-1), 1.0, du.reshape(-1))
                 continue
             # M dv from the Newton system; the contact part K du stays pending in point space
-            mdv[:] = grad + hd * dv
+            _fma(mdv, grad, hd, dv)
             if has_cpl:
                 mdv += cpl_m.T @ (cw[:nr] * cdv[:nr])
             mdv *= -1.0
@@ -811,11 +835,11 @@ def step_kernel(
             alpha = 1.0
             if line_search:
                 de, slope = _inertial_change(dv, grad, mvq, force, h, dmd, pending, du, ncp)
-                vt[:] = v + dv
+                _lin(vt, v, dv, 1.0)
                 de += _joint_energy(vt, qs, a, bb, e_coef, e_const, effort, lim_active, jc, jf, group, jflags, h, speed)
                 de -= _joint_energy(v, qs, a, bb, e_coef, e_const, effort, lim_active, jc, jf, group, jflags, h, speed)
                 if has_contact:
-                    u1[:] = u + du
+                    _lin(u1.reshape(-1), u.reshape(-1), du.reshape(-1), 1.0)
                     de += _contact_energy(
                         u1[:ncp], depth0, lagged[:, 0], lagged[:, 1], cc, h, scal[7], scal[8], scal[9], scal[10]
                     )
@@ -823,18 +847,18 @@ def step_kernel(
                 if has_cpl:
                     de += _coupling_energy_change(cq[:nr], crate, cdv, ract, cpl, h)
                 alpha = _step_length(de, slope)
-            v += alpha * dv
-            u += alpha * du
+            _axpy(v, alpha, dv)
+            _axpy(u.reshape(-1), alpha, du.reshape(-1))
             if not last:
-                mvq += alpha * mdv
-                pending -= alpha * kdu
+                _axpy(mvq, alpha, mdv)
+                _axpy(pending.reshape(-1), -alpha, kdu.reshape(-1))
         # -- report --
         out_v[w] = v
         out_x[w] = a - bb * v
         if has_contact:
             _contact_report(u, depth0, pos, cc, scal, out_contact[w])
         if energy_corr:  # the work of the other forces at the mean velocity: M (v - qd) + h c
-            vt[:] = v - qd
+            _lin(vt, v, qd, -1.0)
             _mass_product(s, inertia, arm, vt, dof_body, parents, tw2, fb, tmp, dv)
             out_world[w, 0] = kin0 + pot0 + _budget(qd, v, dv, bias, h)
             out_world[w, 1] = kin0 + pot0
@@ -844,7 +868,7 @@ def step_kernel(
 _SMALL = 1e-3  # kangengine.rotations' small-angle threshold (Taylor series below it)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def difference_kernel(q1, q0, runs, rots, out):
     """``out [W, nv]``: the layout's ``difference(q1, q0)`` (``runs [R, 3]`` and ``rots [Q, 2]`` from
     ``layout.tangent_runs``; the formulas of :mod:`kangengine.rotations`)."""
@@ -875,7 +899,7 @@ def difference_kernel(q1, q0, runs, rots, out):
             out[w, v0], out[w, v0 + 1], out[w, v0 + 2] = rx * scale, ry * scale, rz * scale
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def integrate_kernel(q, v, h, runs, rots, out):
     """``out [W, nq]``: the layout's ``integrate(q, v, h)`` (see :func:`difference_kernel`)."""
     out[:] = q
@@ -905,7 +929,7 @@ def integrate_kernel(q, v, h, runs, rots, out):
             out[w, a], out[w, a + 1], out[w, a + 2], out[w, a + 3] = rw / n, rx / n, ry / n, rz / n
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def finish_kernel(q, qd, v, x, h, runs, rots, limits, a, b, tau_ext, frozen, q_out, v_out, tau, frozen_out, newly):
     """Advance and check every world as the torch step does: ``q_out = integrate(q, v, h)`` unless the world
     is frozen or diverged (then ``q``, ``qd`` stay), ``tau = clamp(x, -effort, effort)``; a world diverges
