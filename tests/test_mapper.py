@@ -972,8 +972,9 @@ def test_native_and_numpy_mapper_paths_agree_over_turns_and_crossings(dtype, fre
     qa, qb = a.motion.q.astype(np.float64), b.motion.q.astype(np.float64)
     if dtype == np.float64:
         np.testing.assert_allclose(qa, qb, rtol=1e-12, atol=1e-9)
-    else:  # the native passes round once from float64; numpy rounds each float32 step, its unwrapped angles
-        # carry the float32 error of 2 pi * turns (~4e-6 rad at 20 turns): closer to the float64 mapping here
+    else:  # the native passes unwrap in float64 and round once (the fused pass's Euler angles are float32
+        # arithmetic, as numpy's); numpy rounds each float32 step, its unwrapped angles carry the float32 error
+        # of 2 pi * turns (~4e-6 rad at 20 turns): closer to the float64 mapping here
         motion64 = SkeletonMotion(mapper.skeleton_tree, st.root_translation, st.local_rotation, fps)
         m64 = mapper.to_articulation_motion(motion64).motion
         q64, qd64 = m64.q.astype(np.float64), m64.qd.astype(np.float64)

@@ -65,6 +65,7 @@ __all__ = [
 
 _W = 8  # bodies per SIMD vector (float64: one AVX-512 register, two AVX2 ones)
 _ATAN_DEGREE = 8  # atan(u) / u as a polynomial of degree 8 in u^2 on |u| <= tan(pi/8): error < 2e-14 rad
+_ATAN_DEGREE_SINGLE = 5  # in float32 arithmetic: error < 3e-10 rad, far below float32 rounding
 _FMA = ("contract",)  # the series may fuse multiply-adds
 _LOCK_MARGIN = 1e-3  # rad from gimbal lock: the block is left to numpy
 _KERNELS: dict = {}
@@ -100,10 +101,11 @@ def _euler_plan(order: str):
 class _Builder:
     """IR helpers over ``<_W x double>`` vectors for one module (``T``: the stored dtype)."""
 
-    def __init__(self, ir, mod, b, T, width: int = _W):
+    def __init__(self, ir, mod, b, T, width: int = _W, *, single: bool = False):
         self.ir, self.mod, self.b, self.T = ir, mod, b, T
         self.W = width  # 0: scalar doubles (the root of the fused kernel)
-        self.D = ir.DoubleType()
+        self.single = single  # float32 arithmetic (the fused kernel's Euler angles of float32 input)
+        self.D = ir.FloatType() if single else ir.DoubleType()
         self.V = self.D if width == 0 else ir.VectorType(self.D, width)
         self.I64, self.I8 = ir.IntType(64), ir.IntType(8)
         self.f32 = isinstance(T, ir.FloatType)
@@ -112,7 +114,8 @@ class _Builder:
 
     def intrinsic(self, name, arity):
         ir = self.ir
-        suffix = "f64" if self.W == 0 else f"v{self.W}f64"
+        e = "f32" if self.single else "f64"
+        suffix = e if self.W == 0 else f"v{self.W}{e}"
         full = f"llvm.{name}.{suffix}"
         if full in self.mod.globals:  # declared by another function of the module
             return self.mod.globals[full]
@@ -150,7 +153,7 @@ class _Builder:
         den = b.select(big, b.fadd(mn, mx), mx)
         u = b.fdiv(num, b.select(b.fcmp_ordered("==", den, zero), sp(1.0), den))
         u2 = b.fmul(u, u)
-        coef = _atan_coefficients()
+        coef = _atan_coefficients(_ATAN_DEGREE_SINGLE if self.single else _ATAN_DEGREE)
         p = sp(coef[-1])
         for c in coef[-2::-1]:
             p = b.fadd(b.fmul(p, u2, flags=_FMA), sp(c), flags=_FMA)
@@ -188,11 +191,11 @@ class _Builder:
         ptr = self.b.bitcast(self.b.gep(base, [self.i64(offset)]), v.type.as_pointer())
         self.b.store(v, ptr, align=self._align(ty))
 
-    def widen(self, v):  # <W x T> -> <W x double>
-        return self.b.fpext(v, self.V) if self.f32 else v
+    def widen(self, v):  # <W x T> -> <W x double> (float32 arithmetic: as stored)
+        return self.b.fpext(v, self.V) if self.f32 and not self.single else v
 
     def narrow(self, v):
-        return self.b.fptrunc(v, self.ir.VectorType(self.T, _W)) if self.f32 else v
+        return self.b.fptrunc(v, self.ir.VectorType(self.T, _W)) if self.f32 and not self.single else v
 
     def store_lanes(self, base, offset, v, m, ty):  # the first m lanes of v, contiguous
         self.vstore(base, offset, v if m == _W else self.b.shuffle_vector(v, v, self.mask(range(m))), ty)
@@ -746,6 +749,7 @@ class _FusedEmitter:
         b = self.b = ir.IRBuilder(entry)
         B = self.B = _Builder(ir, self.mod, b, T)
         self.S = _Builder(ir, self.mod, b, T, width=0)
+        self.F = _Builder(ir, self.mod, b, T, single=True) if B.f32 else None  # float32 input: float32 angles
         V = B.V
         self.copysign = B.copysign
         self.I1V, self.I8V = ir.VectorType(ir.IntType(1), _W), ir.VectorType(I8, _W)
@@ -817,13 +821,16 @@ class _FusedEmitter:
         b, B, sp, ir, spec = self.b, self.B, self.B.splat, self.ir, self.spec
         m, phi = len(ch), spec["phi"]
         if self.mode == 0:
-            quats = B.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
-            raw, middle, norm2 = B.euler(quats, spec["order"], spec["signs"])
+            E = self.F or B  # float32 input: the angles in float32 arithmetic (8 lanes are half the work of doubles)
+            quats = E.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
+            raw, middle, norm2 = E.euler(quats, spec["order"], spec["signs"])
             lock = b.or_(
-                b.fcmp_unordered("<", middle, sp(_LOCK_MARGIN)),
-                b.fcmp_unordered(">", middle, sp(math.pi - _LOCK_MARGIN)),
+                b.fcmp_unordered("<", middle, E.splat(_LOCK_MARGIN)),
+                b.fcmp_unordered(">", middle, E.splat(math.pi - _LOCK_MARGIN)),
             )
-            flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, sp(0.0))))
+            flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, E.splat(0.0))))
+            if self.F is not None:
+                raw = [b.fpext(x, B.V) for x in raw]
             dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
             cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
             cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * _W), cr)
