@@ -295,9 +295,9 @@ def _task_points(bpos, brot, parts):
     body = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
     local = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
     n = bpos.shape[0]
-    rotated = _quat_rotate(brot[:, body], local.expand(n, -1, -1))
+    rotated = _quat_rotate(brot.index_select(1, body), local.expand(n, -1, -1))
     out = [x.contiguous() for x in rotated.split(sizes, 1)] if len(parts) > 1 else [rotated]
-    return [x + bpos[:, p[0]] if len(p) < 3 or p[2] else x for x, p in zip(out, parts)]
+    return [x + bpos.index_select(1, p[0]) if len(p) < 3 or p[2] else x for x, p in zip(out, parts)]
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ def _dof_moments(frames, tables):
     point ``x``: rotation ``a x (x - c) = a x x - a x c``, translation ``a``."""
     import torch
 
-    anchor = frames.joint_positions[:, tables.dof_step]  # [N, V, 3]
+    anchor = frames.joint_positions.index_select(1, tables.dof_step)  # [N, V, 3]
     axes = frames.dof_axes  # [N, V, 3]
     rot = tables.dof_rotational.to(axes.dtype)[None, :, None]
     a = axes * rot
@@ -523,7 +523,7 @@ def pair_distances(seg_world, pair, radius):
     """
     import torch
 
-    a, b = seg_world[:, pair[:, 0]], seg_world[:, pair[:, 1]]
+    a, b = seg_world.index_select(1, pair[:, 0]), seg_world.index_select(1, pair[:, 1])
     pa, pb = segment_closest_points(a[:, :, 0], a[:, :, 1], b[:, :, 0], b[:, :, 1])
     diff = pa - pb
     dist = torch.linalg.norm(diff, dim=-1)
@@ -565,7 +565,7 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
     pt_s = tasks.point_weight.sqrt()
     no, ng = tasks.orient_body.numel(), tasks.ground_body.numel()
     if no:
-        cur = brot[:, tasks.orient_body]
+        cur = brot.index_select(1, tasks.orient_body)
         conj = cur * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
         or_r = -_quat_log(_quat_mul(tasks.orient_target_wxyz, conj))  # [N, O, 3]
         or_s = tasks.orient_weight.sqrt()
@@ -587,30 +587,30 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
         c = cg.shape[3]
         js, rs = [], []
         if g.points.numel():
-            j = _point_jacobian(pt_x[:, g.points], cg, g.point_mask)
-            s = pt_s[:, g.points]
+            j = _point_jacobian(pt_x.index_select(1, g.points), cg, g.point_mask)
+            s = pt_s.index_select(1, g.points)
             js.append((j * s[..., None]).reshape(n, -1, c))
-            rs.append((pt_r[:, g.points] * s).reshape(n, -1))
+            rs.append((pt_r.index_select(1, g.points) * s).reshape(n, -1))
         if g.orients.numel():
             j = a_rot.index_select(2, g.cols)[:, None] * g.orient_mask[None, :, None, :]
             s = or_s[:, g.orients, None]
             js.append((j * s[..., None]).reshape(n, -1, c))
-            rs.append((or_r[:, g.orients] * s).reshape(n, -1))
+            rs.append((or_r.index_select(1, g.orients) * s).reshape(n, -1))
         if g.grounds.numel():
-            j = _point_jacobian(gx[:, g.grounds], cg[:, :, 2:3], g.ground_mask)[:, :, 0]  # [N, Gg, c]
-            one_sided.append((h[:, g.grounds], j, tasks.ground_weight, g.cols, g.flat))
-            s = g_s[:, g.grounds]
+            j = _point_jacobian(gx.index_select(1, g.grounds), cg[:, :, 2:3], g.ground_mask)[:, :, 0]  # [N, Gg, c]
+            one_sided.append((h.index_select(1, g.grounds), j, tasks.ground_weight, g.cols, g.flat))
+            s = g_s.index_select(1, g.grounds)
             js.append(j * s[..., None])
-            rs.append(h[:, g.grounds].clamp_max(0.0) * s)
+            rs.append(h.index_select(1, g.grounds).clamp_max(0.0) * s)
         if g.pairs is not None:
-            cl = closest[:, g.pairs]
+            cl = closest.index_select(1, g.pairs)
             ja = _point_jacobian(cl[:, :, 0], cg, g.pair_mask[:, 0])  # [N, Cg, 3, c]
             jb = _point_jacobian(cl[:, :, 1], cg, g.pair_mask[:, 1])
             j = ((ja - jb) * normal[:, g.pairs, :, None]).sum(2)  # [N, Cg, c]
-            one_sided.append((gap[:, g.pairs], j, tasks.pair_weight, g.cols, g.flat))
-            s = c_s[:, g.pairs]
+            one_sided.append((gap.index_select(1, g.pairs), j, tasks.pair_weight, g.cols, g.flat))
+            s = c_s.index_select(1, g.pairs)
             js.append(j * s[..., None])
-            rs.append(gap[:, g.pairs].clamp_max(0.0) * s)
+            rs.append(gap.index_select(1, g.pairs).clamp_max(0.0) * s)
         jac = torch.cat(js, 1) if len(js) > 1 else js[0]
         res = torch.cat(rs, 1) if len(rs) > 1 else rs[0]
         jt = jac.transpose(1, 2)
@@ -640,7 +640,9 @@ def _cost(q, tasks: IKTasks, tables, layout, prior=None):
     x, gx, *caps = _task_points(bpos, brot, parts)
     cost = (tasks.point_weight * (x - tasks.point_target) ** 2).sum((1, 2))
     if tasks.orient_body.numel():
-        conj = brot[:, tasks.orient_body] * torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device)
+        conj = brot.index_select(1, tasks.orient_body) * torch.tensor(
+            [1.0, -1.0, -1.0, -1.0], dtype=q.dtype, device=q.device
+        )
         err = _quat_log(_quat_mul(tasks.orient_target_wxyz, conj))
         cost = cost + (tasks.orient_weight[..., None] * err * err).sum((1, 2))
     if tasks.ground_body.numel():
