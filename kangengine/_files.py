@@ -16,8 +16,10 @@ import operator
 import os
 import pickle
 import pickletools
+import struct
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from .errors import FileMissingError, FormatError, KangEngineError, NonFiniteErr
 __all__ = [
     "read_json",
     "atomic_write",
+    "write_npz",
+    "npz_bytes",
     "load_npz",
     "npz_keys",
     "npz_array",
@@ -44,11 +48,19 @@ __all__ = [
 ]
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[object], None], *, suffix: str = "") -> Path:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[object], None], *, suffix: str = "", durable: bool = True
+) -> Path:
     """Write a file so that readers see either the old file or the complete new one.
 
     ``write(fileobj)`` writes into a temporary file in the destination folder (binary mode); the
     temporary file is flushed, fsynced and renamed over ``path``; on any error it is removed.
+
+    ``durable=False`` skips the ``fsync`` (about 5 ms of waiting per file on an ext4 disk, and 0.3 ms of CPU):
+    other processes, and a run after a kill of this one, still see the old file or the complete new one; only
+    a crash of the machine before the kernel writes the file back (within about 30 s) can leave the old file,
+    an empty one or a torn one under ``path``. For files whose readers check them (an ``.npz``'s members carry
+    CRCs that :func:`load_npz` and ``zipfile`` verify) and that can be made again.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,13 +70,90 @@ def atomic_write(path: str | os.PathLike, write: Callable[[object], None], *, su
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path
+
+
+_NPZ_DATE = (1 << 5) | 1  # DOS date 1980-01-01, time 00:00: what np.savez's zipfile members carry
+_ZIP_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_ZIP_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
+_ZIP_END = struct.Struct("<IHHHHIIH")
+_ZIP_SMALL = 0x7FFFFFFF  # beyond: zip64 headers, written by zipfile (np.savez)
+
+
+def _npy_member(value) -> tuple[bytes, bytes]:
+    """``(npy header, data)`` of one array, as ``numpy.lib.format.write_array`` writes them."""
+    arr = np.asanyarray(value)
+    if arr.dtype.hasobject:
+        raise ValueError(f"object arrays are not written (no pickles): dtype {arr.dtype}")
+    d = np.lib.format.header_data_from_array_1_0(arr)
+    head = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(head, d)
+    except ValueError:  # a header over 64 KiB: format 2.0
+        head = io.BytesIO()
+        np.lib.format.write_array_header_2_0(head, d)
+    return head.getvalue(), arr.tobytes(order="F" if d["fortran_order"] else "C")
+
+
+def npz_bytes(arrays: Mapping[str, Any]) -> bytes:
+    """The bytes of an uncompressed ``.npz`` holding ``arrays`` (the archive ``np.savez`` writes).
+
+    Each member is ``<key>.npy`` exactly as ``numpy.lib.format.write_array`` writes it, stored (not deflated),
+    dated 1980-01-01 as ``np.savez`` dates its members, so the same arrays give the same bytes and ``np.load``,
+    ``zipfile`` and :func:`load_npz` read them. The zip headers are packed here in one pass (no member header
+    rewritten after its data, no seek); archives of 2 GiB or more are left to ``np.savez`` (zip64 headers).
+
+    Raises:
+        ValueError: an object array (no pickles are written).
+    """
+    parts: list[bytes] = []
+    central: list[bytes] = []
+    offset = 0
+    for key, value in arrays.items():
+        header, data = _npy_member(value)
+        name = f"{key}.npy".encode()
+        flags = 0 if name.isascii() else 0x800  # UTF-8 names
+        crc = zlib.crc32(data, zlib.crc32(header))
+        size = len(header) + len(data)
+        if offset + size > _ZIP_SMALL:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            return buf.getvalue()
+        parts += [_ZIP_LOCAL.pack(0x04034B50, 20, flags, 0, 0, _NPZ_DATE, crc, size, size, len(name), 0), name]
+        parts += [header, data]
+        central += [
+            _ZIP_CENTRAL.pack(
+                0x02014B50, (3 << 8) | 20, 20, flags, 0, 0, _NPZ_DATE, crc, size, size, len(name), 0, 0, 0, 0, 0, offset
+            ),
+            name,
+        ]
+        offset += _ZIP_LOCAL.size + len(name) + size
+    directory = b"".join(central)
+    n = len(central) // 2
+    return b"".join([*parts, directory, _ZIP_END.pack(0x06054B50, 0, 0, n, n, len(directory), offset, 0)])
+
+
+def write_npz(path: str | os.PathLike, arrays: Mapping[str, Any], *, durable: bool = True) -> Path:
+    """Write ``arrays`` as an uncompressed ``.npz`` (:func:`npz_bytes`: what ``np.savez`` writes) with one
+    ``write``, atomically (:func:`atomic_write`; ``durable`` as there).
+
+    About a third of the CPU time of ``np.savez`` into the file for a motion's dozen small arrays (zipfile
+    writes each member's header, then its data, then seeks back to rewrite the header).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    Raises:
+        ValueError: an object array.
+    """
+    blob = npz_bytes(arrays)
+    return atomic_write(path, lambda f: f.write(blob), suffix=".npz", durable=durable)
 
 
 def _umask() -> int:

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from .._files import atomic_write, load_npz, npz_array, npz_json, npz_scalar, unit_quaternions
+from .._files import load_npz, npz_array, npz_json, npz_scalar, unit_quaternions, write_npz
 from ..errors import FormatError, LayoutMismatch, LayoutSignatureWarning, NonFiniteError, ShapeError
 
 __all__ = ["ArticulationMotion", "save_articulation_motion_npz", "load_articulation_motion_npz"]
@@ -129,13 +129,17 @@ class ArticulationMotion:
         )
 
 
-def save_articulation_motion_npz(path: str | os.PathLike, motion: ArticulationMotion, *, layout=None) -> None:
-    """Write ``motion`` to ``path`` as a pickle-free ``.npz`` (atomically: temp file, then rename).
+def save_articulation_motion_npz(
+    path: str | os.PathLike, motion: ArticulationMotion, *, layout=None, durable: bool = True
+) -> None:
+    """Write ``motion`` to ``path`` as a pickle-free, uncompressed ``.npz`` (atomically: temp file, then rename).
 
     Args:
         path: destination file.
         motion: the motion.
         layout: optional layout; when given it must match the motion and its DOF/q names are stored.
+        durable: ``fsync`` before the rename (``kangengine._files.atomic_write``; ``convert`` passes ``False``
+            and checks every member's CRC when it resumes).
     """
     if layout is not None:
         motion.check_layout(layout)
@@ -155,7 +159,7 @@ def save_articulation_motion_npz(path: str | os.PathLike, motion: ArticulationMo
     if layout is not None:
         arrays["dof_names"] = np.array(layout.dof_names, dtype=np.str_)
         arrays["q_names"] = np.array(layout.q_names, dtype=np.str_)
-    atomic_write(path, lambda f: np.savez(f, **arrays), suffix=".npz")
+    write_npz(path, arrays, durable=durable)
 
 
 def _quaternion_offsets(layout) -> list[int]:
