@@ -336,9 +336,10 @@ _FREE_YAW_SOLE_XY = 0.1
 
 def _emphasise_errors(layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak_m: float) -> IKTasks:
     """The tasks with each key-body point's weight rescaled per frame by its error ``e`` at ``q [N, nq]`` (the
-    coarse pass's solution): ``clamp(floor_m / e, 1, 3)`` (small errors count more: the squares then weigh like
-    the distances the mean error adds up, one reweighted least-squares step towards it) times
-    ``min(1 + (e / peak_m)^2, 4)`` (the worst frames count more: towards the largest error). 0 turns a factor off.
+    coarse pass's solution, interpolated to every frame): ``clamp(floor_m / e, 1, 3)`` (small errors count
+    more: the squares then weigh like the distances the mean error adds up, one reweighted least-squares step
+    towards it) times ``min(1 + (e / peak_m)^2, 4)`` (the worst frames count more: towards the largest error).
+    0 turns a factor off.
     """
     import torch
 

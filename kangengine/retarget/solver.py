@@ -916,7 +916,8 @@ def solve_clip(
         coarse_tasks: the tasks of the coarse pass if not ``tasks`` (all frames; only the coarse ones are used).
         retask: ``None`` or a function of the warm start ``q [frames, nq]`` (the interpolated coarse pass)
             returning the :class:`IKTasks` of the fine and smoothing passes instead of ``tasks`` (the robot
-            path chooses the held feet's heading there).
+            path reweights the key bodies and chooses the held feet's heading there); not called when the
+            clips are too short for a coarse pass (``tasks`` are used then).
     Returns:
         ``(q [frames, nq], cost [frames])`` torch, on ``q_init``'s device and dtype.
     """
@@ -929,14 +930,15 @@ def solve_clip(
     stride = int(options.coarse_stride)
     first = tasks if coarse_tasks is None else coarse_tasks
     no_pairs = first.with_pairs(torch.zeros(first.num_pairs, dtype=torch.bool, device=q.device))
-    if stride > 1 and int(clips.clip_frame_count.min()) > 2 * stride and options.coarse_iterations > 0:
+    coarse = stride > 1 and int(clips.clip_frame_count.min()) > 2 * stride and options.coarse_iterations > 0
+    if coarse:
         idx, lo_pos, alpha = _coarse_plan(clips, stride)
         idx_t = torch.as_tensor(idx, device=q.device)
         qc, _ = _iterate(q[idx_t], no_pairs.frames(idx_t), tables, layout, options, int(options.coarse_iterations))
         lo_t = torch.as_tensor(lo_pos, device=q.device)
         a_t = torch.as_tensor(alpha, dtype=q.dtype, device=q.device)[:, None]
         q = _project_limits(layout.integrate(qc[lo_t], layout.difference(qc[lo_t + 1], qc[lo_t]) * a_t), tables)
-    if retask is not None:
+    if retask is not None and coarse:  # the new tasks are chosen from the coarse pass's solution
         tasks = retask(q)
     all_pairs = tasks
     if tasks.num_pairs:
