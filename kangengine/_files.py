@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import io
 import json
 import math
@@ -87,19 +88,35 @@ _ZIP_END = struct.Struct("<IHHHHIIH")
 _ZIP_SMALL = 0x7FFFFFFF  # beyond: zip64 headers, written by zipfile (np.savez)
 
 
+def _npy_header_of(descr, fortran: bool, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``numpy.lib.format.write_array`` writes (format 1.0, or 2.0 when over 64 KiB)."""
+    d = {"descr": descr, "fortran_order": fortran, "shape": shape}
+    head = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(head, d)
+    except ValueError:
+        head = io.BytesIO()
+        np.lib.format.write_array_header_2_0(head, d)
+    return head.getvalue()
+
+
+# a batch writes the same few (dtype, shape) pairs again and again; keyed by the dtype's text ('<f4', '<U12')
+_npy_header_cached = functools.lru_cache(maxsize=512)(_npy_header_of)
+
+
 def _npy_member(value) -> tuple[bytes, bytes]:
     """``(npy header, data)`` of one array, as ``numpy.lib.format.write_array`` writes them."""
     arr = np.asanyarray(value)
     if arr.dtype.hasobject:
         raise ValueError(f"object arrays are not written (no pickles): dtype {arr.dtype}")
-    d = np.lib.format.header_data_from_array_1_0(arr)
-    head = io.BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(head, d)
-    except ValueError:  # a header over 64 KiB: format 2.0
-        head = io.BytesIO()
-        np.lib.format.write_array_header_2_0(head, d)
-    return head.getvalue(), arr.tobytes(order="F" if d["fortran_order"] else "C")
+    fortran = bool(arr.flags.f_contiguous and not arr.flags.c_contiguous)  # numpy's rule (``flags.fnc``)
+    descr = np.lib.format.dtype_to_descr(arr.dtype)
+    header = (
+        _npy_header_cached(descr, fortran, arr.shape)
+        if isinstance(descr, str)
+        else _npy_header_of(descr, fortran, arr.shape)
+    )
+    return header, arr.tobytes(order="F" if fortran else "C")
 
 
 def npz_bytes(arrays: Mapping[str, Any]) -> bytes:
