@@ -304,9 +304,12 @@ def _energy_scale(budget, kin, pot, frozen):
 
 
 @njit(cache=True, error_model="numpy")
-def _bias_forces(s, qd, tw, inertia, dof_frame, dof_body, parents, body_c, g, uniform, sv, fv, acc, fb, tmp, out):
+def _bias_forces(
+    s, qd, tw, inertia, frame_ptr, frame_idx, dof_body, parents, body_c, g, uniform, sv, fv, acc, fb, tmp, out
+):
     """``out [nv]``: Coriolis, centrifugal and gravity forces ``c(q, qd)`` by recursive Newton-Euler
-    (:func:`kangengine.sim.dynamics.rnea`); ``tw``: the body twists of ``qd``."""
+    (:func:`kangengine.sim.dynamics.rnea`); ``tw``: the body twists of ``qd``; ``frame_ptr``/``frame_idx``: the
+    nonzero pattern of ``dof_frame`` row by row (its entries are 1)."""
     nv, nb = s.shape[0], inertia.shape[0]
     gx, gy, gz = g[0], g[1], g[2]
     for j in range(nv):
@@ -315,10 +318,10 @@ def _bias_forces(s, qd, tw, inertia, dof_frame, dof_body, parents, body_c, g, un
     acc[:] = 0.0
     for j in range(nv):
         fv[:] = 0.0
-        for i in range(nv):
-            if dof_frame[j, i] != 0.0:
-                for k in range(6):
-                    fv[k] += dof_frame[j, i] * sv[i, k]
+        for e in range(frame_ptr[j], frame_ptr[j + 1]):  # the DOFs that move the frame DOF j is expressed in
+            i = frame_idx[e]
+            for k in range(6):
+                fv[k] += sv[i, k]
         b = dof_body[j]
         wa0, wa1, wa2, va0, va1, va2 = fv[0], fv[1], fv[2], fv[3], fv[4], fv[5]
         wb0, wb1, wb2, vb0, vb1, vb2 = sv[j, 0], sv[j, 1], sv[j, 2], sv[j, 3], sv[j, 4], sv[j, 5]
@@ -675,6 +678,22 @@ def _start_energy(inertia, tw, qd, arm, body_c, g, origin, tmp, budget, frozen, 
 
 
 @njit(cache=True, error_model="numpy")
+def _frame_pattern(dof_frame):
+    """``(ptr [nv + 1], idx)``: the nonzero columns of each row of the 0/1 matrix ``dof_frame``."""
+    nv = dof_frame.shape[0]
+    ptr = np.zeros(nv + 1, np.int64)
+    idx = np.empty(nv * nv, np.int64)
+    n = 0
+    for j in range(nv):
+        for i in range(nv):
+            if dof_frame[j, i] != 0.0:
+                idx[n] = i
+                n += 1
+        ptr[j + 1] = n
+    return ptr, idx[:n]
+
+
+@njit(cache=True, error_model="numpy")
 def _lin(out, x, y, b):
     """``out = x + b y`` element-wise (no temporaries)."""
     for i in range(out.shape[0]):
@@ -767,6 +786,7 @@ def step_kernel(
     u, du = np.zeros((nc1, 3)), np.zeros((nc1, 3))
     pending, kdu, lagged, depth0 = np.zeros((nc1, 3)), np.empty((nc1, 3)), np.empty((nc1, 5)), np.empty(nc1)
     cq, crate, ract, cw, cdv = np.zeros(nr1), np.zeros(nr1), np.zeros(nr1), np.zeros(nr1), np.zeros(nr1)
+    frame_ptr, frame_idx = _frame_pattern(dof_frame)
     for w in range(nw):
         a, bb, bp = drive_a[w], drive_b[w], body_pos[w]
         origin[:] = bp[0]
@@ -776,7 +796,9 @@ def step_kernel(
         qd[:] = qd_all[w]
         _twists(s, qd, dof_body, parents, tw)
         kin0, pot0, fix = _start_energy(inertia, tw, qd, arm, body_c, g, origin, tmp, budget_in[w], frozen[w], flags)
-        _bias_forces(s, qd, tw, inertia, dof_frame, dof_body, parents, body_c, g, uniform, sv, fv, acc, fb, tmp, bias)
+        _bias_forces(
+            s, qd, tw, inertia, frame_ptr, frame_idx, dof_body, parents, body_c, g, uniform, sv, fv, acc, fb, tmp, bias
+        )
         _joint_inputs(
             w, qd, bias, tau_ext, qs_all, dof_q_index, jc, pinned, pinned_qd, has_pin, force, qs, spring0, v, free
         )
