@@ -12,13 +12,14 @@ spent against the clips' full length in steps, the steps spent after a fall (0 w
 and the share of ``ok``.
 
 The sampling controller (``controller="sampling"``, docs/tracking.md) is measured apart, on a few clips without
-root assistance (``--sampling-clips``, default 2: the whole walk and a 3 s hops crop; 0 skips it): world-steps
+root assistance (``--sampling-clips``, default 1: the whole walk; 2 adds a 3 s hops crop, which falls and is
+searched again with its restarts: minutes; 0 skips it): world-steps
 of its search per clip-second, wall and CPU seconds per clip-second, and the verdicts, against the PD tracker
 on the same clips in the same run. The batched run above keeps ``sampling_fallback`` off unless ``--fallback``
 (with ``--no-assist`` every fallen hops crop would be searched: hours on two cores).
 
     python benchmarks/bench_validate.py [--clips 64] [--baseline-clips 2] [--plots] [--threads 1] [--load N]
-        [--sampling-clips 2] [--samples 256]
+        [--sampling-clips 1] [--samples 256]
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main() -> None:
     ap.add_argument("--controller", default="pd", choices=[c.value for c in ke.sim.tracking.Controller])
     ap.add_argument("--no-assist", action="store_true", help="no root assistance (the walk's settings use 1 Hz)")
     ap.add_argument("--fallback", action="store_true", help="sampling fallback on in the batched run")
-    ap.add_argument("--sampling-clips", type=int, default=2, help="clips of the sampling measurement (0: none)")
+    ap.add_argument("--sampling-clips", type=int, default=1, help="clips of the sampling measurement (0: none)")
     ap.add_argument("--samples", type=int, default=256, help="TrackingSettings.sampling_samples")
     args = ap.parse_args()
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]

@@ -21,8 +21,9 @@ simulator states starts at the reference's first frame. Per segment:
 2. Each sample runs the segment with :func:`~kangengine.sim.tracking.pd_control` (feed-forward, implicit drives,
    stance-leg balance, plus its offset), exactly the command :func:`~kangengine.sim.track` replays.
 3. Its cost, summed over the states the segment reaches: mean body position error (m), centre-of-mass
-   position error (m), root orientation error (rad), root linear and angular velocity errors (m/s, rad/s), with
-   the weights of :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
+   position error (m), root orientation error (rad), root linear and angular velocity errors (m/s, rad/s) and,
+   for a model with link-to-link pairs, the deepest overlap of two links (m), with the weights of
+   :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
    effectors are among the bodies). A sample whose state meets the tracker's fall rule
    (:func:`~kangengine.sim.tracking._fallen`) or diverges is out.
 4. The ``keep`` cheapest survivors that stayed within ``sampling_fail_error`` become the beam (parent indices and
@@ -56,6 +57,7 @@ from .tracking import (
     _fallen,
     _first_joint_dof,
     _pad_index,
+    _self_penetration,
     _with_budget,
     drive_gains,
     pd_control,
@@ -65,7 +67,14 @@ from .tracking import (
 __all__ = ["COST_WEIGHTS", "SamplingPlan", "dof_groups", "sample_target_offsets"]
 
 #: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s).
-COST_WEIGHTS = {"body": 1.0, "com": 2.0, "root_rotation": 0.1, "root_velocity": 0.2, "root_angular_velocity": 0.05}
+COST_WEIGHTS = {
+    "body": 1.0,
+    "com": 2.0,
+    "root_rotation": 0.1,
+    "root_velocity": 0.2,
+    "root_angular_velocity": 0.05,
+    "self_penetration": 10.0,
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,6 +190,8 @@ class _Search:
             + w["root_velocity"] * torch.linalg.vector_norm(dv[:, :3], dim=-1)
             + w["root_angular_velocity"] * torch.linalg.vector_norm(dv[:, 3:], dim=-1)
         )
+        if self.model.num_self_pairs:  # limbs driven through the body would be rejected (self_collision)
+            cost = cost + w["self_penetration"] * _self_penetration(self.model, pos, quat)[0]
         return cost, body
 
     def segment(self, beam: _Beam, start: int, k: int, steps: int, sigma, ref_com, generator):
