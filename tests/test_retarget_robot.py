@@ -65,7 +65,7 @@ def _mujoco_kinematics(model_path, layout, q):
 
 
 def test_walk_onto_g1_quality(walk_result, config):
-    """02_01 walk (343 frames) on the G1: key bodies within 5 cm on average (measured 3.9 cm; GMR's mink IK
+    """02_01 walk (343 frames) on the G1: key bodies within 5 cm on average (measured 3.65 cm; GMR's mink IK
     gives 5-6 cm on walks), feet planted without floating or sliding, no penetration, joints in limits."""
     r = walk_result
     m = r.metrics
@@ -475,7 +475,7 @@ CLIPS = {
     "131_01": ("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh", 0, 300),
     "01_01": ("bvh/cmu/01_01_cgspeed_hops_long.bvh", 0, 300),
 }
-#: our mean key-body error over mink's allowed per clip: no worse than mink (measured -4.1 %, -0.5 %, -11.9 %;
+#: our mean key-body error over mink's allowed per clip: no worse than mink (measured -4.5 %, -1.1 %, -11.9 %;
 #: 131_01 reaches it only with the key-body reweighting after the coarse pass, ``solver.key_weight_floor_m``)
 MINK_MEAN_RATIO = {"02_01": 1.0, "131_01": 1.0, "01_01": 1.0}
 
@@ -504,9 +504,8 @@ def test_three_clips_against_the_mink_baseline(clip, config):
         layout, q, RM._central_velocity(layout, q, src.fps), src.fps, config, tg, ground, local, np.zeros(len(q))
     )
     assert m["key_body_error_m"]["mean"] <= MINK_MEAN_RATIO[clip] * mk["key_body_error_m"]["mean"]
-    assert (
-        m["key_body_error_m"]["max"] <= mk["key_body_error_m"]["max"]
-    )  # measured 12.3 / 13.5, 10.1 / 14.7, 8.8 / 10.2
+    # measured (ours / mink) 12.3 / 13.5, 10.1 / 14.7, 8.9 / 10.2 cm
+    assert m["key_body_error_m"]["max"] <= mk["key_body_error_m"]["max"]
     assert m["floating_share"] <= 0.05
     assert m["slide_beyond_source_cm_max"] <= 2.0
     assert m["penetration_m"] <= 0.01 < mk["penetration_m"]
