@@ -183,7 +183,7 @@ class Simulator:
             (``State.from_q``) is not corrected.
         fast_path: on the CPU, run each step as one compiled call (:mod:`kangengine.sim.fast`: the same step,
             computed in float64 whatever the model's dtype, equal to this torch step to round-off; 10-20x
-            faster at 1-16 worlds, ~2x at thousands) where the model's features allow; ``False``: always the
+            faster at 1-16 worlds, 1.2-2x at thousands) where the model's features allow; ``False``: always the
             torch step. Calls with inputs that require grad take the torch step.
         fast_path_max_worlds: the largest batch the fast path takes (larger ones take the torch step).
 
