@@ -73,7 +73,8 @@ _CONTROL_FIELDS = (
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
-    return x.detach().to("cpu", torch.float64).contiguous().numpy()
+    """A CPU tensor as a C-contiguous float64 numpy array (a view when it already is one)."""
+    return np.ascontiguousarray(x.detach().numpy(), dtype=np.float64)
 
 
 class FastStep:
@@ -219,7 +220,17 @@ class FastStep:
         def fallback(s, e):  # frames whose angles left the kernel's exact sin/cos range: the replay
             prog(q64[s:e].T.contiguous(), array_namespace(q64), *views, s, e)
 
-        native.run_kernel(kern, [q64.numpy()], outs, n, fallback, chunk=16384)
+        if n > 4096:  # in chunks on the foundation's thread pool
+            native.run_kernel(kern, [q64.numpy()], outs, n, fallback, chunk=16384)
+            return outs[0], outs[1], outs[2], outs[4]
+        # one chunk: the kernel called directly (run_kernel's bookkeeping costs more than the kernel here)
+        addr = lambda x: x.__array_interface__["data"][0]
+        q = q64.numpy()
+        flags = np.empty(n + kern.width, dtype=np.uint8)
+        rows = lambda x: x.shape[1] * (x.shape[2] if x.ndim > 2 else 1) if n > 1 else 0
+        if kern([(addr(q), rows(q))], [(addr(x), rows(x)) for x in outs], n, addr(flags)):
+            for s, e in native._runs(flags[:n]):
+                fallback(s, e)
         return outs[0], outs[1], outs[2], outs[4]
 
     def _drive(self, control: Control, q: np.ndarray, w: int):
@@ -240,8 +251,10 @@ class FastStep:
         if control.tau_feedforward is not None:
             ff = _np(control.tau_feedforward)
             a = ff if a is None else a + ff
-        a = np.zeros((w, m.nv)) if a is None else np.ascontiguousarray(np.broadcast_to(a, (w, m.nv)))
-        return a, np.ascontiguousarray(np.broadcast_to(b, (w, m.nv)))
+        a_full, b_full = np.empty((w, m.nv)), np.empty((w, m.nv))
+        a_full[:] = 0.0 if a is None else a
+        b_full[:] = b
+        return a_full, b_full
 
     def step(self, state: State, control: Control):
         """:meth:`Simulator.step` on the fast path (inputs already checked by the caller)."""
@@ -250,11 +263,11 @@ class FastStep:
         sim = self.sim
         m, h = sim.model, sim.dt
         dtype = m.dtype
-        q64 = state.q.detach().to(torch.float64).contiguous()
-        q = q64.numpy()
+        q = _np(state.q)
+        q64 = torch.from_numpy(q)
         qd = _np(state.qd)
         w = q.shape[0]
-        frozen = state.frozen.detach().cpu().numpy()
+        frozen = state.frozen.numpy()
         body_pos, body_quat, joint_pos, dof_axes = self._frames(q64)
         a, b = self._drive(control, q, w)
         flags = self._flags.copy()
@@ -264,7 +277,7 @@ class FastStep:
         tau_ext = _np(control.tau_external) if control.tau_external is not None else np.zeros((w, m.nv))
         if control.pinned is not None:
             flags[10] = True
-            pinned = control.pinned.detach().cpu().numpy()
+            pinned = control.pinned.numpy()
             pinned_qd = _np(control.pinned_qd) if control.pinned_qd is not None else np.zeros((w, m.nv))
         else:
             pinned, pinned_qd = np.zeros((1, 1), np.bool_), np.zeros((1, 1))
@@ -297,13 +310,13 @@ class FastStep:
             budget_out = t(np.where(frozen_new, out_w[:, 1], out_w[:, 0]))
         effort = self._consts[2][12]
         x = out_x
-        z = torch.zeros(w, 0, dtype=dtype)
+        z = torch.from_numpy(np.zeros((w, 0), self._np_dtype))
         return StepResult(
             state=State(q=t(q_new), qd=t(v_new), frozen=torch.from_numpy(frozen_new), energy_budget=budget_out),
             energy_correction=t(out_w[:, 2]),
             self_contact_depth=z,
             self_contact_force=z,
-            self_contact_count=torch.zeros(w, dtype=torch.long),
+            self_contact_count=torch.from_numpy(np.zeros(w, np.int64)),
             contact_normal_force=t(out_c[:, :, 0]),
             contact_friction_force=t(out_c[:, :, 1:3]),
             contact_depth=t(out_c[:, :, 3]),
