@@ -17,6 +17,7 @@ import torch
 from conftest import data_file
 
 import kangengine as ke
+from kangengine.errors import ShapeError
 from kangengine.sim import TrackingSettings, Verdict
 from kangengine.sim import sampling as S
 from kangengine.sim import tracking as T
@@ -127,3 +128,20 @@ def test_walk_crop_the_pd_tracker_drops_is_held_by_the_sampling_fallback(cmu, wa
     assert codes[0] == "sampling" or codes[0] == "sampling_fallback"
     assert {"sampling", "sampling_fallback"} <= set(codes)
     assert m["search_env_steps"] >= 256 * 89
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"sampling_samples": 0},
+        {"sampling_keep": 300},
+        {"sampling_segment_steps": 0},
+        {"sampling_sigma_legs": -0.1},
+        {"sampling_coherence": math.nan},
+        {"sampling_restarts": -1},
+    ],
+)
+def test_bad_sampling_settings_are_refused_naming_the_setting(bad):
+    (name,) = bad
+    with pytest.raises(ShapeError, match=name):
+        TrackingSettings(controller="sampling", **bad)

@@ -291,6 +291,31 @@ class TrackingSettings:
             v = getattr(self, name)
             if not (v > 0):
                 raise ShapeError(f"{name} is {v}; expected a number > 0", item=f"TrackingSettings.{name}")
+        for name in ("sampling_samples", "sampling_keep", "sampling_segment_steps"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ShapeError(f"{name} is {v!r}; expected an int >= 1", item=f"TrackingSettings.{name}")
+        if self.sampling_keep > self.sampling_samples:
+            raise ShapeError(
+                f"sampling_keep is {self.sampling_keep}, more than sampling_samples ({self.sampling_samples}); "
+                "expected at most as many kept states as samples",
+                item="TrackingSettings.sampling_keep",
+            )
+        for name in ("sampling_retries", "sampling_restarts"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 0):
+                raise ShapeError(f"{name} is {v!r}; expected an int >= 0", item=f"TrackingSettings.{name}")
+        for name in (
+            "sampling_sigma_legs",
+            "sampling_sigma_torso",
+            "sampling_sigma_limbs",
+            "sampling_coherence",
+            "sampling_fail_error",
+            "sampling_good_error",
+        ):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ShapeError(f"{name} is {v}; expected a finite number >= 0", item=f"TrackingSettings.{name}")
         for name in ("drive_frequency_hz", "root_assist_frequency_hz", "smoothing_s", "balance_gain"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
