@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 _W = 8  # bodies per SIMD vector (float64: one AVX-512 register, two AVX2 ones)
+_W_SINGLE = 16  # the fused pass in float32 arithmetic: 16 lanes (one AVX-512 register)
 _ATAN_DEGREE = 8  # atan(u) / u as a polynomial of degree 8 in u^2 on |u| <= tan(pi/8): error < 2e-14 rad
 _ATAN_DEGREE_SINGLE = 5  # in float32 arithmetic: error < 3e-10 rad, far below float32 rounding
 _FMA = ("contract",)  # the series may fuse multiply-adds
@@ -165,7 +166,7 @@ class _Builder:
     def gather(self, base, offsets, ty):  # a vector of scalars at constant element offsets from base
         b = self.b
         v = self.ir.Constant(self.V, self.ir.Undefined)
-        for lane in range(_W):
+        for lane in range(self.W):
             x = b.load(b.gep(base, [self.i64(offsets[min(lane, len(offsets) - 1)])]))
             v = b.insert_element(v, x if ty is self.D else b.fpext(x, self.D), self.i64(lane))
         return v
@@ -195,17 +196,17 @@ class _Builder:
         return self.b.fpext(v, self.V) if self.f32 and not self.single else v
 
     def narrow(self, v):
-        return self.b.fptrunc(v, self.ir.VectorType(self.T, _W)) if self.f32 and not self.single else v
+        return self.b.fptrunc(v, self.ir.VectorType(self.T, self.W)) if self.f32 and not self.single else v
 
     def store_lanes(self, base, offset, v, m, ty):  # the first m lanes of v, contiguous
-        self.vstore(base, offset, v if m == _W else self.b.shuffle_vector(v, v, self.mask(range(m))), ty)
+        self.vstore(base, offset, v if m == self.W else self.b.shuffle_vector(v, v, self.mask(range(m))), ty)
 
     def load_quats(self, row, bodies):
         """Components ``(w, x, y, z)`` of the chunk's bodies as 4 vectors (one load when consecutive)."""
         m = len(bodies)
         if all(int(x) == int(bodies[0]) + i for i, x in enumerate(bodies)):
             raw = self.vload(row, int(bodies[0]) * 4, 4 * m, self.T)
-            pick = [[4 * min(x, m - 1) + c for x in range(_W)] for c in range(4)]
+            pick = [[4 * min(x, m - 1) + c for x in range(self.W)] for c in range(4)]
             return [self.widen(self.b.shuffle_vector(raw, raw, self.mask(p))) for p in pick]
         return [self.gather(row, [int(j) * 4 + c for j in bodies], self.T) for c in range(4)]
 
@@ -215,9 +216,9 @@ class _Builder:
         if all(int(cols[x][h]) == q0 + 3 * x + h for x in range(m) for h in range(3)):
             b = self.b
             t = [self.narrow(v) for v in out]
-            lo = b.shuffle_vector(t[0], t[1], self.mask(range(2 * _W)))
-            hi = b.shuffle_vector(t[2], t[2], self.mask(list(range(_W)) * 2))
-            inter = b.shuffle_vector(lo, hi, self.mask([h * _W + x for x in range(m) for h in range(3)]))
+            lo = b.shuffle_vector(t[0], t[1], self.mask(range(2 * self.W)))
+            hi = b.shuffle_vector(t[2], t[2], self.mask(list(range(self.W)) * 2))
+            inter = b.shuffle_vector(lo, hi, self.mask([h * self.W + x for x in range(m) for h in range(3)]))
             self.vstore(row, q0, inter, self.T)
         else:
             for h in range(3):
@@ -228,7 +229,7 @@ class _Builder:
         m, q0 = len(cols), int(cols[0][0])
         if all(int(cols[x][h]) == q0 + 3 * x + h for x in range(m) for h in range(3)):
             raw = self.vload(row, q0, 3 * m, self.T)
-            pick = [[3 * min(x, m - 1) + h for x in range(_W)] for h in range(3)]
+            pick = [[3 * min(x, m - 1) + h for x in range(self.W)] for h in range(3)]
             return [self.widen(self.b.shuffle_vector(raw, raw, self.mask(p))) for p in pick]
         return [self.gather(row, [int(c[h]) for c in cols], self.T) for h in range(3)]
 
@@ -687,9 +688,14 @@ def fused_ir(
     return str(mod)
 
 
-def _fused_state_size(k: int) -> int:
-    nch = -(-k // _W)
-    return (_NONFINITE_SLOT + 1) * nch * _W + _ROOT_SLOTS
+def _fused_lanes(dtype) -> int:
+    """Bodies per vector of the fused pass: 16 in float32 arithmetic (float32 input), 8 in float64."""
+    return _W_SINGLE if np.dtype(dtype) == np.dtype(np.float32) else _W
+
+
+def _fused_state_size(k: int, lanes: int) -> int:
+    nch = -(-k // lanes)
+    return (_NONFINITE_SLOT + 1) * nch * lanes + _ROOT_SLOTS
 
 
 class _FusedEmitter:
@@ -703,38 +709,71 @@ class _FusedEmitter:
         self.ir, self.mod, self.T, self.mode, self.spec = ir, mod, T, mode, spec
         self.D, self.I64, self.I8 = ir.DoubleType(), ir.IntType(64), ir.IntType(8)
         k = len(spec["bodies"])
-        self.chunks = [list(range(c, min(c + _W, k))) for c in range(0, k, _W)]
+        self.W = _fused_lanes(np.float32 if isinstance(T, ir.FloatType) else np.float64)
+        self.chunks = [list(range(c, min(c + self.W, k))) for c in range(0, k, self.W)]
         self.nch = len(self.chunks)
         self.nvec = _NONFINITE_SLOT + 1
-        self.root_off = self.nvec * self.nch * _W
+        self.root_off = self.nvec * self.nch * self.W
 
     # -- small helpers ---------------------------------------------------------------------------------
     def slot(self, r, c):
-        return (r * self.nch + c) * _W
+        return (r * self.nch + c) * self.W
 
     @staticmethod
     def hslot(name, h):
         return len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h
 
-    def lane_consts(self, ch, table, *index, offset=0.0):  # a constant vector of table[body][index...] + offset
+    def lane_consts(self, ch, table, *index, offset=0.0, builder=None, rounding=0):
+        """A constant vector of ``table[body][index...] + offset`` in ``builder``'s type (default :attr:`B`); in
+        float32 arithmetic ``rounding`` +1 / -1 rounds each value up / down to float32 (``x < c`` for a float32
+        ``x`` is then ``x < ceil32(c)`` exactly, ``x > c`` is ``x > floor32(c)``)."""
+        B = builder or self.B
         out = []
-        for j in (ch[min(x, len(ch) - 1)] for x in range(_W)):
+        for j in (ch[min(x, len(ch) - 1)] for x in range(self.W)):
             v = table[j]
             for i in index:
                 v = v[i]
-            out.append(float(v) + offset)
-        return self.ir.Constant(self.B.V, out)
+            v = float(v) + offset
+            if B.single and rounding and math.isfinite(v):
+                v32 = np.float32(v)
+                if (rounding > 0 and float(v32) < v) or (rounding < 0 and float(v32) > v):
+                    v32 = np.nextafter(v32, np.float32(rounding * np.inf))
+                v = float(v32)
+            out.append(v)
+        return self.ir.Constant(B.V, out)
 
     def padded_load(self, base, offset, m, ty):  # m contiguous values, the last repeated into the unused lanes
         B = self.B
         raw = B.vload(base, offset, m, ty)
-        return raw if m == _W else self.b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(_W)]))
+        return raw if m == self.W else self.b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(self.W)]))
+
+    def from_state(self, r, v):
+        """Slot ``r`` of the state (``<8 x double>``) as the loop carries it: the track sums in float64, the limit
+        counts as ``<8 x i32>``, the rest in the arithmetic's type."""
+        b = self.b
+        if r in (_BODY_SLOTS.index("total"), _BODY_SLOTS.index("on")):
+            return v
+        if r in self._count_slots:
+            return b.fptosi(v, self.I32V)
+        return b.fptrunc(v, self.B.V) if self.B.single else v
+
+    def to_state(self, r, v):
+        b = self.b
+        if r in (_BODY_SLOTS.index("total"), _BODY_SLOTS.index("on")):
+            return v
+        if r in self._count_slots:
+            return b.sitofp(v, self.Dv.V)
+        return b.fpext(v, self.Dv.V) if self.B.single else v
+
+    @property
+    def _count_slots(self):
+        return [self.hslot("count", h) for h in range(3)]
 
     def finite(self, v, builder):
         return self.b.fcmp_ordered("<", builder.call(builder.fabs, v), builder.splat(math.inf))
 
     def any_lane(self, mask):  # <W x i1> -> i64 (nonzero when a lane is set)
-        return self.b.zext(self.b.bitcast(mask, self.ir.IntType(_W)), self.I64)
+        return self.b.zext(self.b.bitcast(mask, self.ir.IntType(self.W)), self.I64)
 
     # -- the function ----------------------------------------------------------------------------------
     def emit(self):
@@ -747,20 +786,23 @@ class _FusedEmitter:
             a.add_attribute("noalias")
         entry = fn.append_basic_block("entry")
         b = self.b = ir.IRBuilder(entry)
-        B = self.B = _Builder(ir, self.mod, b, T)
+        f32 = isinstance(T, ir.FloatType)
+        B = self.B = _Builder(ir, self.mod, b, T, self.W, single=f32)  # float32 input: float32 arithmetic
+        self.Dv = _Builder(ir, self.mod, b, T, self.W)  # float64 vectors: track sums, placed values before rounding
         self.S = _Builder(ir, self.mod, b, T, width=0)
-        self.F = _Builder(ir, self.mod, b, T, single=True) if B.f32 else None  # float32 input: float32 angles
         V = B.V
         self.copysign = B.copysign
-        self.I1V, self.I8V = ir.VectorType(ir.IntType(1), _W), ir.VectorType(I8, _W)
+        self.I1V, self.I8V = ir.VectorType(ir.IntType(1), self.W), ir.VectorType(I8, self.W)
+        self.I32V = ir.VectorType(ir.IntType(32), self.W)
         self.inv2dt = inv2dt
-        v = b.insert_element(ir.Constant(V, ir.Undefined), inv2dt, B.i64(0))
-        self.inv2dt_v = b.shuffle_vector(v, v, B.mask([0] * _W))
+        v = b.insert_element(ir.Constant(V, ir.Undefined), b.fptrunc(inv2dt, B.D) if f32 else inv2dt, B.i64(0))
+        self.inv2dt_v = b.shuffle_vector(v, v, B.mask([0] * self.W))
         bad = B.i64(0)
         finals = []
         for c, ch in enumerate(self.chunks):
-            init = [B.vload(pst, self.slot(r, c), _W, D) for r in range(self.nvec)]
-            flip = b.icmp_unsigned("!=", self.padded_load(pflip, ch[0], len(ch), I8), ir.Constant(self.I8V, [0] * _W))
+            init = [self.from_state(r, B.vload(pst, self.slot(r, c), self.W, D)) for r in range(self.nvec)]
+            marks = self.padded_load(pflip, ch[0], len(ch), I8)
+            flip = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * self.W))
             fin, bad = self.loop(f"c{c}", init, bad, lambda cur, c=c, ch=ch, flip=flip: self.chunk(ch, cur, flip))
             finals.append(fin)
         init = [b.load(b.gep(pst, [B.i64(self.root_off + i)])) for i in range(_ROOT_SLOTS)]
@@ -771,7 +813,7 @@ class _FusedEmitter:
         b.position_at_end(keep)
         for c, fin in enumerate(finals):
             for r, x in enumerate(fin):
-                B.vstore(pst, self.slot(r, c), x, D)
+                B.vstore(pst, self.slot(r, c), self.to_state(r, x), D)
         for i, x in enumerate(root_final):
             b.store(x, b.gep(pst, [B.i64(self.root_off + i)]))
         b.branch(out)
@@ -821,7 +863,7 @@ class _FusedEmitter:
         b, B, sp, ir, spec = self.b, self.B, self.B.splat, self.ir, self.spec
         m, phi = len(ch), spec["phi"]
         if self.mode == 0:
-            E = self.F or B  # float32 input: the angles in float32 arithmetic (8 lanes are half the work of doubles)
+            E = B  # float32 input: the angles in float32 arithmetic (8 lanes are half the work of doubles)
             quats = E.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
             raw, middle, norm2 = E.euler(quats, spec["order"], spec["signs"])
             lock = b.or_(
@@ -829,17 +871,15 @@ class _FusedEmitter:
                 b.fcmp_unordered(">", middle, E.splat(math.pi - _LOCK_MARGIN)),
             )
             flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, E.splat(0.0))))
-            if self.F is not None:
-                raw = [b.fpext(x, B.V) for x in raw]
             dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
             cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
-            cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * _W), cr)
+            cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * self.W), cr)
         else:
             krow = b.mul(self.frame, B.i64(len(spec["bodies"])))
             raw = B.load_angles(self.qrow, [spec["qcols"][j] for j in ch])
             dc = B.widen(self.padded_load(b.gep(self.pdc, [krow]), ch[0], m, self.T))
             marks = self.padded_load(b.gep(self.pcr, [krow]), ch[0], m, self.I8)
-            cr = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * _W))
+            cr = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * self.W))
             alpha = B.call(B.fabs, B.wrap(b.fsub(raw[1], sp(phi))))
             flags = B.i64(0)
         return raw, dc, cr, alpha, flags
@@ -850,8 +890,9 @@ class _FusedEmitter:
         raw, dc, cr, alpha, flags = self.branch0(ch, cur)
         par = b.select(cr, b.fsub(sp(1.0), cur[3]), cur[3])
         on_track1 = b.fcmp_ordered("==", par, sp(1.0))
-        total = b.fadd(cur[4], dc)
-        on = b.fadd(cur[5], b.select(on_track1, dc, sp(0.0)))
+        dcd = b.fpext(dc, self.Dv.V) if B.single else dc  # the sums in float64 (1M frames)
+        total = b.fadd(cur[4], dcd)
+        on = b.fadd(cur[5], b.select(on_track1, dcd, self.Dv.splat(0.0)))
         other = b.xor(on_track1, flip)  # this frame takes branch 1
         nxt = [None] * self.nvec
         nxt[:6] = [raw[0], alpha, raw[2], par, total, on]
@@ -893,18 +934,23 @@ class _FusedEmitter:
         # t is in [-pi, pi] and prev starts at 0: the first frame's jump is rint(<= 1/2) = 0 without a test
         jump = B.call(B.rint, b.fmul(b.fsub(t, g["prev"]), sp(1.0 / two_pi)))
         turns = b.fadd(g["turns"], jump)
-        ref = self.lane_consts(ch, spec["refs"], h)
-        qv = B.widen(B.narrow(b.fadd(t, b.fsub(ref, b.fmul(turns, sp(two_pi))))))  # the stored value
+        Dv = self.Dv
+        ref = self.lane_consts(ch, spec["refs"], h, builder=Dv)
+        if B.single:  # t + ref - 2 pi turns in float64, rounded once (as the float64 mapping rounds it)
+            off = b.fsub(ref, b.fmul(b.fpext(turns, Dv.V), Dv.splat(two_pi)))
+            qv = b.fptrunc(b.fadd(b.fpext(t, Dv.V), off), B.V)
+        else:
+            qv = B.widen(B.narrow(b.fadd(t, b.fsub(ref, b.fmul(turns, sp(two_pi))))))  # the stored value
         # frames beyond the limits by more than 1e-6 (the largest violation follows from min and max)
-        lo = self.lane_consts(ch, spec["limits"], h, 0, offset=-_OVER_TOL)
-        hi = self.lane_consts(ch, spec["limits"], h, 1, offset=_OVER_TOL)
+        lo = self.lane_consts(ch, spec["limits"], h, 0, offset=-_OVER_TOL, rounding=1)
+        hi = self.lane_consts(ch, spec["limits"], h, 1, offset=_OVER_TOL, rounding=-1)
         beyond = b.or_(b.fcmp_ordered("<", qv, lo), b.fcmp_ordered(">", qv, hi))
         upd = {
             "prev": t,
             "turns": turns,
             "min": B.fmin(qv, g["min"]),  # the state starts at +inf / -inf; a NaN qv leaves them
             "max": B.fmax(qv, g["max"]),
-            "count": b.fadd(g["count"], b.select(beyond, sp(1.0), sp(0.0))),
+            "count": b.sub(g["count"], b.sext(beyond, self.I32V)),  # true is -1
         }
         return upd, qv
 
@@ -997,36 +1043,39 @@ class FusedKernel:
         vp, i64 = ctypes.c_void_p, ctypes.c_int64
         proto = ctypes.CFUNCTYPE(i64, vp, vp, i64, vp, vp, vp, vp, vp, vp, i64, i64, ctypes.c_double)
         self._fns = [proto(a) for a in addresses]
-        self._nch = -(-k // _W)
+        self._w = _fused_lanes(dtype)
+        self._nch = -(-k // self._w)
 
     def new_state(self) -> np.ndarray:
         """The state ``[size] float64`` for a pass from frame 0 (zeros; min +inf, max -inf)."""
-        state = np.zeros(_fused_state_size(self.k))
+        state = np.zeros(_fused_state_size(self.k, self._w))
         for name, v in (("min", np.inf), ("max", -np.inf)):
             for h in range(3):
                 r = len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h
-                state[r * self._nch * _W : (r + 1) * self._nch * _W] = v
+                state[r * self._nch * self._w : (r + 1) * self._nch * self._w] = v
         return state
+
+    def _row(self, state, r: int) -> np.ndarray:
+        n = self._nch * self._w
+        return state[r * n : (r + 1) * n][: self.k]
 
     def body(self, state, name: str) -> np.ndarray:
         """``[k]`` float64 per body: ``t1``, ``alpha``, ``t3`` (branch 0 of the last frame), ``parity``,
         ``total``, ``on`` (the sums of the branch cost differences, all and where the parity is 1)."""
         r = _BODY_SLOTS.index(name)
-        return state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k]
+        return self._row(state, r)
 
     def hinge(self, state, name: str) -> np.ndarray:
         """``[k, 3]`` float64 per body and hinge: ``min``, ``max``, ``count`` (frames beyond the limits by more than
         ``1e-6``), ``turns``, ``prev`` (see :func:`fused_ir`)."""
         rows = [len(_BODY_SLOTS) + 3 * _HINGE_SLOTS.index(name) + h for h in range(3)]
-        return np.stack([state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k] for r in rows], axis=-1)
+        return np.stack([self._row(state, r) for r in rows], axis=-1)
 
     def nonfinite(self, state) -> bool:
         """Whether a written q value was NaN or infinite (the root's included)."""
         r = _NONFINITE_SLOT
-        root = (_NONFINITE_SLOT + 1) * self._nch * _W
-        return bool(
-            state[r * self._nch * _W : (r + 1) * self._nch * _W][: self.k].any() or state[root + _ROOT_SLOTS - 1]
-        )
+        root = (_NONFINITE_SLOT + 1) * self._nch * self._w
+        return bool(self._row(state, r).any() or state[root + _ROOT_SLOTS - 1])
 
     def bind(self, L, root, q, qd, flip, state, fps: float, dc=None, cr=None):
         """Check the arrays once and return ``run(s, e, mode) -> int`` over frames ``s .. e - 1`` (``0 <= s < e <=
@@ -1041,7 +1090,7 @@ class FusedKernel:
         ok = ok and qd.flags.c_contiguous and qd.dtype == self.dtype and qd.shape == (N, self.nv)
         ok = ok and root.dtype == self.dtype and root.shape == (N, 3) and root.strides[1] == root.itemsize
         ok = ok and flip.flags.c_contiguous and flip.dtype == np.bool_ and flip.shape == (self.k,)
-        size = _fused_state_size(self.k)
+        size = _fused_state_size(self.k, self._w)
         ok = ok and state.flags.c_contiguous and state.dtype == np.float64 and state.shape == (size,)
         has_rows = dc is not None and cr is not None
         if has_rows:
