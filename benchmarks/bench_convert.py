@@ -100,8 +100,8 @@ def _stages_unprofiled(files, model, config: str, fps: float, repeats: int, work
         "map (to_articulation_motion)": _cpu(lambda: [mapper.to_articulation_motion(m) for m in moved], repeats),
         "write (.npz)": _cpu(
             lambda: [
-                save_articulation_motion_npz(work / "stages" / f"{i}.npz", m, layout=layout)
-                for i, m in enumerate(mapped)
+                save_articulation_motion_npz(work / "stages" / f"{i}.npz", m, layout=layout, durable=False)
+                for i, m in enumerate(mapped)  # as convert writes them: no fsync (resume checks the CRCs)
             ],
             repeats,
         ),
