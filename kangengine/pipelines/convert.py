@@ -663,7 +663,7 @@ def write_convert_summary(path, entries: Mapping[str, dict], *, run: dict | None
     ``counts``).
 
     The file is one JSON object: its small fields indented, then ``"clips"``, sorted by clip, one clip per line
-    (encoded by the json module's C encoder: about 30 us a clip, where an indented clip took 0.6 ms)."""
+    (the json module's C encoder: about 16 us a clip, against 40 us for the indented pure-Python encoding)."""
     clips = [entries[k] for k in sorted(entries)]
     totals = {"done": sum(e["status"] == "done" for e in clips), "failed": sum(e["status"] == "failed" for e in clips)}
     head = {"format": "kangengine.convert_summary", **(run or {}), "totals": totals, "quality": summary_quality(clips)}
