@@ -349,7 +349,9 @@ def test_held_heading_from_the_coarse_pass(walk, config):
     src = RM._prepare_source(clip, config, None)
 
     def offsets(yaw_free):
-        cfg = config.replace(solver=dataclasses.replace(config.solver, held_yaw_from_solve=yaw_free))
+        # the held foot's heading alone (no share of the orientation task while held, which turns with the source)
+        solver = dataclasses.replace(config.solver, held_yaw_from_solve=yaw_free, held_orientation_share=0.0)
+        cfg = config.replace(solver=solver)
         r = ke.retarget.retarget_to_robot(clip, cfg)
         tg = RM._build_targets(cfg, r.layout, src, None)
         _, rot = ke.animation.forward_kinematics(r.layout, r.motion.q.astype(np.float64))
@@ -404,6 +406,51 @@ def test_bad_keys_and_values_list_the_choices(tmp_path):
         ke.retarget.load_robot_config(p)
     with pytest.raises(UnknownNameError, match="cmu_bvh_to_g1"):
         ke.retarget.load_robot_config("cmu_to_robot_that_does_not_exist")
+
+
+def test_orientation_reference_and_posture_joints_are_checked(tmp_path):
+    """A misspelt orientation reference lists the choices; ``"standing"`` on a body that is not a foot names the
+    feet; an unknown joint in ``solver.posture_joints`` lists the robot's joints."""
+    p = _write_config(tmp_path, lambda d: d["bodies"][0].update(orientation_reference="flat"))
+    with pytest.raises(FormatError, match=r"bodies\[0\].orientation_reference.*valid choices are: rest, standing"):
+        ke.retarget.load_robot_config(p)
+    p = _write_config(tmp_path, lambda d: d["bodies"][0].update(orientation_reference="standing"))
+    with pytest.raises(FormatError, match="'pelvis' is not a foot; the feet are: left_ankle_roll_link"):
+        ke.retarget.load_robot_config(p)
+    p = _write_config(tmp_path, lambda d: d["solver"].update(posture_joints={"left_wrist_pich_joint": 0.1}))
+    with pytest.raises(UnknownNameError, match="'left_wrist_pich_joint'.*left_wrist_pitch_joint"):
+        ke.retarget.load_robot_config(p)
+
+
+@pytest.mark.parametrize("clip", ["bvh/cmu/02_01_cgspeed_walk.bvh", "bvh/cmu/01_01_cgspeed_hops_long.bvh"])
+def test_standing_reference_asks_a_flat_sole_of_a_flat_source_foot(clip, config):
+    """``"orientation_reference": "standing"``: where the source foot stands planted (heel and toe joints both
+    down), the foot's orientation target puts the robot's sole points level (median height spread over those
+    frames, measured 0.6 and 1.3 cm on 02_01) and its x axis along the source's heel-to-toe heading; the rest-pose
+    reference tilts the same sole by 15-36 degrees (the CMU rest pose's foot is not the G1's: spread 7-9 cm).
+    (131_01, the 3dsMax release, calibrates less well: 0.5 and 2.1 cm against 2.6 and 3.1; its planted feet turn
+    more within a phase.)"""
+    from kangengine.retarget import robot as RM
+
+    motion = ke.io.load_bvh(data_file(clip))[:300]
+    src = RM._prepare_source(motion, config, None)
+    rest = config.replace(bodies=tuple(dataclasses.replace(b, orientation_reference="rest") for b in config.bodies))
+    layout = RM.load_robot_model(config)[0]
+    for i, f in enumerate(config.feet):
+        spreads = []
+        for cfg in (config, rest):
+            tg = RM._build_targets(cfg, layout, src, None)
+            held = tg.sole_weight[:, 4 * i : 4 * i + 4].min(1) >= cfg.solver.contact_weight  # the whole sole held
+            o = list(tg.orient_body).index(layout.body_index(f.robot))
+            sole = R.quat_rotate(tg.orient_target[held, o][:, None], np.asarray(f.sole_points)[None])
+            spreads.append(np.median(np.ptp(sole[..., 2], axis=1)))
+            x = R.quat_rotate(tg.orient_target[held, o], np.array([1.0, 0.0, 0.0]))
+            fwd = tg.holds[i].forward[held]
+            turn = np.degrees(np.abs(R.wrap_angle(np.arctan2(x[:, 1], x[:, 0]) - np.arctan2(fwd[:, 1], fwd[:, 0]))))
+            if cfg is config:
+                assert np.median(turn) < 3.0
+        assert held.sum() > 30
+        assert spreads[0] < 0.015 and spreads[1] > max(0.02, 3.0 * spreads[0])
 
 
 def test_config_for_another_model_refuses(tmp_path):
@@ -475,16 +522,23 @@ CLIPS = {
     "131_01": ("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh", 0, 300),
     "01_01": ("bvh/cmu/01_01_cgspeed_hops_long.bvh", 0, 300),
 }
-#: our mean key-body error over mink's allowed per clip: no worse than mink (measured -4.5 %, -1.1 %, -11.9 %;
-#: 131_01 reaches it only with the key-body reweighting after the coarse pass, ``solver.key_weight_floor_m``)
-MINK_MEAN_RATIO = {"02_01": 1.0, "131_01": 1.0, "01_01": 1.0}
+#: our mean key-body error over mink's allowed per clip: no worse than mink on 02_01 and 01_01 (measured -2 % and
+#: -5 %); on 131_01 the foot orientation tracking (``solver.held_orientation_share``, the orientation reweighting)
+#: costs it 0.1-0.15 cm over mink's (measured +6.2 %: 2.74 cm against 2.58; 2.58 against 2.58 without them, with
+#: 5.4 times mink's orientation error): the one gap left, in docs/retarget_robot.md
+MINK_MEAN_RATIO = {"02_01": 1.0, "131_01": 1.08, "01_01": 1.0}
+#: our mean orientation error over mink's allowed per clip, with the feet's targets calibrated on the source
+#: standing flat (``"orientation_reference": "standing"``): no worse on 02_01 and 01_01 (measured 0.76 against
+#: 0.85 and 0.47 against 0.75 degrees), 131_01 +13 % (1.23 against 1.09)
+MINK_ORIENTATION_RATIO = {"02_01": 1.0, "131_01": 1.2, "01_01": 1.0}
 
 
 @pytest.mark.parametrize("clip", list(CLIPS))
 def test_three_clips_against_the_mink_baseline(clip, config):
     """CMU 02_01 (walk), 131_01 (3dsMax walk) and 01_01 (hops), a window of each onto the G1, next to per-frame
-    mink IK on the same targets through the same metrics: our mean and largest key-body errors are no worse than
-    mink's (ours also holds the feet, which the source does not always do), while mink's feet slide and sink
+    mink IK on the same targets through the same metrics: our mean and largest key-body errors and orientation
+    errors are no worse than mink's (but for 131_01's means, :data:`MINK_MEAN_RATIO`; ours also holds the feet,
+    which the source does not always do), while mink's feet slide and sink
     into the floor and ours do not: floating <= 5 % of contact frames, slide <= 2 cm per contact phase beyond the
     source's own, penetration <= 1 cm, every joint inside its limits."""
     from kangengine.retarget import robot as RM
@@ -504,8 +558,12 @@ def test_three_clips_against_the_mink_baseline(clip, config):
         layout, q, RM._central_velocity(layout, q, src.fps), src.fps, config, tg, ground, local, np.zeros(len(q))
     )
     assert m["key_body_error_m"]["mean"] <= MINK_MEAN_RATIO[clip] * mk["key_body_error_m"]["mean"]
-    # measured (ours / mink) 12.3 / 13.5, 10.1 / 14.7, 8.9 / 10.2 cm
+    # measured (ours / mink) 12.1 / 12.2, 13.0 / 14.8, 9.0 / 10.2 cm
     assert m["key_body_error_m"]["max"] <= mk["key_body_error_m"]["max"]
+    ori, ori_mink = m["orientation_error_deg"], mk["orientation_error_deg"]
+    assert ori["mean"] <= MINK_ORIENTATION_RATIO[clip] * ori_mink["mean"]
+    assert ori["max"] <= ori_mink["max"]  # measured 4.2 / 7.6, 17.4 / 19.6, 4.1 / 5.7 degrees
+    assert set(m["orientation_calibration"]) == {"left_ankle_roll_link", "right_ankle_roll_link"}
     assert m["floating_share"] <= 0.05
     assert m["slide_beyond_source_cm_max"] <= 2.0
     assert m["penetration_m"] <= 0.01 < mk["penetration_m"]

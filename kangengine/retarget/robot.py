@@ -211,6 +211,7 @@ class _Targets:
     source_joints: np.ndarray  # [N, J, 3] the source joints scaled about the root (its own intersections)
     source_bones: np.ndarray  # [K] source joints of the correspondences (their bones from the parent)
     holds: tuple[_Hold, ...] = ()  # per foot
+    orientation_calibration: dict | None = None  # per "standing" body: frames used, tilt removed, or why not
 
 
 def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Targets:
@@ -233,7 +234,7 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
     key_weight = np.broadcast_to(np.array([b.position_weight for b in bodies]), (n, len(bodies))).copy()
     # contacts and held soles
     fps = src.fps
-    phases, sole_t, sole_w, sole_b, sole_o, src_feet, ramps, holds = [], [], [], [], [], [], [], []
+    phases, sole_t, sole_w, sole_b, sole_o, src_feet, ramps, holds, planted = [], [], [], [], [], [], [], [], []
     opts = cfg.contact
     for i, (f, fb, sole) in enumerate(zip(cfg.feet, foot_bodies, soles)):
         heel = resolve_source_name(f.source_heel, src.names, item=f"feet[{i}].source_heel", path=path)
@@ -269,6 +270,7 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
             },
         )
         holds.append(hold)
+        planted.append(ph.in_contact if heel_down is None else ph.in_contact & heel_down & toe_down)
         tgt, wp = hold.targets()
         w = wp.mean(1)  # [N] the share of the sole held
         # the foot's key targets: lowered by the ankle-height difference seen in contact
@@ -287,15 +289,23 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         sole_b += [fb] * sole.shape[0]
         sole_o.append(sole)
         src_feet.append(heel_w)
-    # orientations: the source body's rotation from its rest pose, applied to the robot body's neutral rotation
+    # orientations: the source body's rotation from its reference pose, applied to the robot body's neutral one
     oi = [i for i, b in enumerate(bodies) if b.orientation_weight > 0]
     ob = kb[oi]
     oj = [ks[i] for i in oi]
-    rel = R.quat_multiply(src.rot[:, oj], R.quat_conjugate(src.rest_rot[oj])[None])
-    orient_target = R.quat_normalize(R.quat_multiply(rel, nrot[ob][None]))
+    body_from_target = R.quat_multiply(R.quat_conjugate(src.rest_rot[oj]), nrot[ob])  # [O, 4]
+    calibration = {}
+    for o, i in enumerate(oi):
+        if bodies[i].orientation_reference == "standing":
+            f = foot_bodies.index(kb[i])
+            body_from_target[o], calibration[bodies[i].robot] = _standing_reference(
+                src.rot[:, oj[o]], holds[f].forward, planted[f], nrot[kb[i]], body_from_target[o]
+            )
+    orient_target = R.quat_normalize(R.quat_multiply(src.rot[:, oj], body_from_target[None]))
     orient_weight = np.broadcast_to(np.array([bodies[i].orientation_weight for i in oi]), (n, len(oi))).copy()
-    for fb, w in zip(foot_bodies, ramps):  # a held foot's orientation comes from its sole
-        orient_weight[:, ob == fb] *= (1.0 - w)[:, None]
+    keep = float(cfg.solver.held_orientation_share)
+    for fb, w in zip(foot_bodies, ramps):  # a held foot's orientation comes from its sole (and this share)
+        orient_weight[:, ob == fb] *= (1.0 - (1.0 - keep) * w)[:, None]
     names = tuple(f"{b.robot}<-{src.names[j]}" for b, j in zip(bodies, ks))
     nf = len(cfg.feet)
     return _Targets(
@@ -317,7 +327,31 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
         source_joints=root_t[:, None] + scale * (src.pos - root_src[:, None]),
         source_bones=np.array(ks, dtype=np.int64),
         holds=tuple(holds),
+        orientation_calibration=calibration,
     )
+
+
+#: fewest planted frames a ``"standing"`` orientation reference is calibrated from (fewer: the rest pose's)
+_MIN_STANDING_FRAMES = 3
+
+
+def _standing_reference(rot, forward, planted, neutral, rest_reference) -> tuple[np.ndarray, dict]:
+    """``(source_body_from_target [4], note)``: the rotation that maps the source foot, as it stands planted
+    (``planted [N]`` bool), onto a flat robot foot (its neutral rotation ``neutral [4]``) turned to the source
+    foot's heel-to-toe heading (``forward [N, 3]``), averaged over the planted frames (sign-aligned mean of
+    ``rot^-1 * yaw(forward) * neutral``, ``rot [N, 4]`` world rotations of the source foot). Fewer than
+    :data:`_MIN_STANDING_FRAMES` planted frames: ``rest_reference`` and a note saying why."""
+    k = int(planted.sum())
+    if k < _MIN_STANDING_FRAMES:
+        return rest_reference, {"reference": "rest", "planted_frames": k, "reason": "too few planted frames"}
+    fw = forward[planted]
+    flat = R.quat_multiply(_yaw_quat(np.arctan2(fw[:, 1], fw[:, 0])), neutral[None])
+    c = R.quat_multiply(R.quat_conjugate(rot[planted]), flat)
+    c = R.quat_normalize((c * np.sign(c @ c[0])[:, None]).mean(0))
+    old = R.quat_multiply(rot[planted], rest_reference[None])
+    tilt = np.degrees(np.arccos(np.clip(R.quat_rotate(old, np.array([0.0, 0.0, 1.0]))[:, 2], -1.0, 1.0)))
+    note = {"reference": "standing", "planted_frames": k, "rest_tilt_deg_mean": float(tilt.mean())}
+    return c, note
 
 
 def _axis_weights(tg: _Targets, sole_xy: float = 1.0) -> np.ndarray:
@@ -334,12 +368,15 @@ def _axis_weights(tg: _Targets, sole_xy: float = 1.0) -> np.ndarray:
 _FREE_YAW_SOLE_XY = 0.1
 
 
-def _emphasise_errors(layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak_m: float) -> IKTasks:
+def _emphasise_errors(
+    layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak_m: float, orient_floor=0.0, orient_peak=0.0
+) -> IKTasks:
     """The tasks with each key-body point's weight rescaled per frame by its error ``e`` at ``q [N, nq]`` (the
     coarse pass's solution, interpolated to every frame): ``clamp(floor_m / e, 1, 3)`` (small errors count
     more: the squares then weigh like the distances the mean error adds up, one reweighted least-squares step
     towards it) times ``min(1 + (e / peak_m)^2, 4)`` (the worst frames count more: towards the largest error).
-    0 turns a factor off.
+    0 turns a factor off. ``orient_floor`` / ``orient_peak`` (rad) do the same to each orientation task's weight
+    by its angle error.
     """
     import torch
 
@@ -359,7 +396,19 @@ def _emphasise_errors(layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak
     w[:, :nkey] *= f[..., None]
     from dataclasses import replace
 
-    return replace(tasks, point_weight=w)
+    ow = tasks.orient_weight
+    if (orient_floor > 0 or orient_peak > 0) and tasks.orient_body.numel():
+        from .solver import _quat_log, _quat_mul
+
+        conj = rot.index_select(1, tasks.orient_body) * rot.new_tensor([1.0, -1.0, -1.0, -1.0])
+        a = torch.linalg.norm(_quat_log(_quat_mul(tasks.orient_target_wxyz, conj)), dim=-1)  # [N, O] rad
+        g = torch.ones_like(a)
+        if orient_peak > 0:
+            g = g * (1.0 + (a / orient_peak) ** 2).clamp_max(4.0)
+        if orient_floor > 0:
+            g = g * (orient_floor / a.clamp_min(1e-9)).clamp(1.0, 3.0)
+        ow = ow * g
+    return replace(tasks, point_weight=w, orient_weight=ow)
 
 
 def _foot_forward(layout, q, bodies) -> np.ndarray:
@@ -529,8 +578,21 @@ def _tasks(clips: list[_Clip], cfg, layout, ground, sc: _SelfCollision, t, sole_
         ground_weight=float(cfg.solver.ground_weight),
         posture_weight=float(cfg.solver.posture_weight),
         q_neutral=t(layout.neutral()),
+        posture_dof_weight=_posture_dof_weight(cfg, layout, t),
         **pair,
     )
+
+
+def _posture_dof_weight(cfg, layout, t):
+    """``[nv]`` the further posture pull of the joints in ``solver.posture_joints`` (``None`` when it is empty)."""
+    if not cfg.solver.posture_joints:
+        return None
+    w = np.zeros(layout.nv)
+    blocks = {b.joint_name: b for b in layout.blocks}
+    for name, v in cfg.solver.posture_joints:
+        b = blocks[name]
+        w[b.qd_offset : b.qd_offset + b.qd_dim] += v
+    return t(w)
 
 
 def _between_passes(group: list[_Clip], frames: ClipFrames, tasks: IKTasks, cfg, layout, ground, sc, t):
@@ -540,7 +602,8 @@ def _between_passes(group: list[_Clip], frames: ClipFrames, tasks: IKTasks, cfg,
     ``key_weight_peak_m`` the fine pass's key-body weights are rescaled by the coarse pass's errors."""
     yaw_free = bool(cfg.solver.held_yaw_from_solve and cfg.feet)
     floor_m, peak_m = float(cfg.solver.key_weight_floor_m), float(cfg.solver.key_weight_peak_m)
-    if not (yaw_free or floor_m > 0 or peak_m > 0):
+    o_floor, o_peak = float(cfg.solver.orient_weight_floor_rad), float(cfg.solver.orient_weight_peak_rad)
+    if not (yaw_free or floor_m > 0 or peak_m > 0 or o_floor > 0 or o_peak > 0):
         return None, None
     coarse = _tasks(group, cfg, layout, ground, sc, t, sole_xy=_FREE_YAW_SOLE_XY) if yaw_free else None
     nkey = len(group[0].tg.key_body)
@@ -552,7 +615,7 @@ def _between_passes(group: list[_Clip], frames: ClipFrames, tasks: IKTasks, cfg,
             cut = frames.clip_frame_start.tolist()[1:]
             held = [_held_at_solver_yaw(c, f, cfg) for c, f in zip(group, np.split(fwd, cut))]
             out = _tasks(held, cfg, layout, ground, sc, t)
-        return _emphasise_errors(layout, q_warm, out, nkey, floor_m, peak_m)
+        return _emphasise_errors(layout, q_warm, out, nkey, floor_m, peak_m, o_floor, o_peak)
 
     return coarse, retask
 
@@ -665,6 +728,7 @@ def _finish(clip: _Clip, q, cost, layout, cfg, ground, sc, max_correction_m, dev
             "fps": fps,
             "dropped_leading_frames": int(src.kept[0]),
             "scale": tg.scale,
+            "orientation_calibration": tg.orientation_calibration or {},
             "solver_cost_mean": float(cost.mean()),
             "jacobian": "analytic",
             "device": device,

@@ -128,8 +128,12 @@ class BodyCorrespondence:
         source: source body name (``|`` separates alternatives).
         position_weight: weight of the position residual (m).
         orientation_weight: weight of the orientation residual (rad); the target is the source body's world
-            rotation relative to its rest pose, applied to the robot body's rest (neutral) world rotation.
+            rotation relative to its reference pose, applied to the robot body's rest (neutral) world rotation.
         offset: ``[3]`` m, the task point in the robot body frame.
+        orientation_reference: which source pose the robot's neutral rotation stands for: ``"rest"`` (the
+            source skeleton's rest pose) or ``"standing"`` (a foot: the source foot standing flat in the clip,
+            calibrated per clip from its planted frames so that a flat source foot asks for a flat robot sole
+            at the source foot's heel-to-toe heading; the robot body must be one of ``feet``).
     """
 
     robot: str
@@ -137,18 +141,28 @@ class BodyCorrespondence:
     position_weight: float = 1.0
     orientation_weight: float = 0.0
     offset: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    orientation_reference: str = "rest"
 
-    _KEYS = ("robot", "source", "position_weight", "orientation_weight", "offset")
+    _KEYS = ("robot", "source", "position_weight", "orientation_weight", "offset", "orientation_reference")
+    _REFERENCES = ("rest", "standing")
 
     @classmethod
     def from_dict(cls, d, *, item: str, path=None) -> BodyCorrespondence:
         _keys(d, cls._KEYS, item, path, required=("robot", "source"))
+        ref = d.get("orientation_reference", "rest")
+        if ref not in cls._REFERENCES:
+            raise FormatError(
+                f"is {ref!r}; valid choices are: {', '.join(cls._REFERENCES)}",
+                path=path,
+                item=f"{item}.orientation_reference",
+            )
         return cls(
             robot=str(d["robot"]),
             source=str(d["source"]),
             position_weight=_number(d.get("position_weight", 1.0), f"{item}.position_weight", path),
             orientation_weight=_number(d.get("orientation_weight", 0.0), f"{item}.orientation_weight", path),
             offset=_vec(d.get("offset", (0.0, 0.0, 0.0)), 3, f"{item}.offset", path),
+            orientation_reference=str(ref),
         )
 
 
@@ -256,8 +270,16 @@ class SolverOptions:
             per frame by its error ``e`` there: ``clamp(key_weight_floor_m / e, 1, 3)`` (small errors count
             more, so the squares weigh like the distances the mean error adds up) times
             ``min(1 + (e / key_weight_peak_m)^2, 4)`` (the worst frames count more); 0 turns a factor off.
+        orient_weight_floor_rad, orient_weight_peak_rad: rad, the same rescaling of each orientation task's
+            weight by its angle error after the coarse pass; 0 turns a factor off.
+        held_orientation_share: the share of a foot's orientation weight kept while its sole is held (0: the
+            held sole alone sets the foot's orientation; with a ``"standing"`` orientation reference the
+            target of a flat source foot is the held flat sole, so keeping it agrees with the hold).
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
+        posture_joints: ``{joint name: weight}`` (JSON object; kept as ``((name, weight), ...)``), a further
+            pull of these joints towards neutral: for DOFs the tasks barely see (the G1's wrists move the wrist
+            task point by a few centimetres only), which a weak global pull lets drift onto a limit.
         max_step: largest step of one iteration (rad / m, infinity norm).
         limit_round: 1: each step gets one active-set round on the joint limits (the hinges it would carry past a
             bound are fixed on the bound and the frame's other DOFs solved again): a joint held at its limit no
@@ -281,8 +303,12 @@ class SolverOptions:
     held_yaw_from_solve: int = 0
     key_weight_floor_m: float = 0.0
     key_weight_peak_m: float = 0.0
+    orient_weight_floor_rad: float = 0.0
+    orient_weight_peak_rad: float = 0.0
+    held_orientation_share: float = 0.0
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
+    posture_joints: tuple[tuple[str, float], ...] = ()
     max_step: float = 0.5
     limit_round: int = 0
     self_collision_weight: float = 100.0
@@ -295,6 +321,12 @@ class SolverOptions:
         _keys(d, names, "solver", path)
         out = {}
         for k, v in d.items():
+            if k == "posture_joints":
+                if not isinstance(v, Mapping):
+                    msg = f"is {v!r}; expected {{joint name: weight}}"
+                    raise FormatError(msg, path=path, item="solver.posture_joints")
+                out[k] = tuple((str(j), _number(w, f"solver.posture_joints.{j}", path)) for j, w in v.items())
+                continue
             x = _number(v, f"solver.{k}", path)
             out[k] = int(x) if k in _INT_SOLVER_KEYS else x
         if out.get("coarse_stride", 1) < 1:
@@ -406,7 +438,7 @@ class RobotRetargetConfig:
         rot = _vec(d.get("source_to_robot_rotation_wxyz", (1, 0, 0, 0)), 4, "source_to_robot_rotation_wxyz", path)
         if abs(math.sqrt(sum(x * x for x in rot)) - 1.0) > 1e-3:
             raise FormatError(f"is {list(rot)}; expected a unit WXYZ quaternion", path=path, item="rotation")
-        return cls(
+        cfg = cls(
             name=str(d.get("name", "")),
             description=str(d.get("description", "")),
             target_model=str(d["target_model"]),
@@ -421,6 +453,18 @@ class RobotRetargetConfig:
             solver=SolverOptions.from_dict(d.get("solver"), path=path),
             config_dir=None if config_dir is None else str(config_dir),
         )
+        cfg._check_standing_references(path)
+        return cfg
+
+    def _check_standing_references(self, path) -> None:
+        feet = [f.robot for f in self.feet]
+        for i, b in enumerate(self.bodies):
+            if b.orientation_reference == "standing" and b.robot not in feet:
+                raise FormatError(
+                    f"is 'standing' but {b.robot!r} is not a foot; the feet are: {', '.join(feet)}",
+                    path=path,
+                    item=f"bodies[{i}].orientation_reference",
+                )
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> RobotRetargetConfig:
@@ -451,6 +495,7 @@ class RobotRetargetConfig:
                     "position_weight": b.position_weight,
                     "orientation_weight": b.orientation_weight,
                     "offset": list(b.offset),
+                    "orientation_reference": b.orientation_reference,
                 }
                 for b in self.bodies
             ],
@@ -464,7 +509,10 @@ class RobotRetargetConfig:
                 for f in self.feet
             ],
             "contact": {k: getattr(self.contact, k) for k in ContactOptions.__dataclass_fields__},
-            "solver": {k: getattr(self.solver, k) for k in SolverOptions.__dataclass_fields__},
+            "solver": {
+                k: dict(v) if k == "posture_joints" else v
+                for k, v in ((k, getattr(self.solver, k)) for k in SolverOptions.__dataclass_fields__)
+            },
         }
 
     def replace(self, **changes) -> RobotRetargetConfig:
@@ -533,6 +581,14 @@ class RobotRetargetConfig:
                         path=path,
                         item="scale.bodies",
                     )
+        joints = [b.joint_name for b in layout.blocks]
+        for j, _ in self.solver.posture_joints:
+            if j not in joints:
+                raise UnknownNameError(
+                    f"no joint {j!r}; the robot's joints are: {', '.join(joints)}",
+                    path=path,
+                    item="solver.posture_joints",
+                )
 
 
 def _check_scale(value, path):

@@ -59,6 +59,7 @@ class IKTasks:
         ground_body: ``[G] int64``, ground_offset: ``[G, 3]`` m (body frame), ground_radius: ``[G]`` m: the
             collision points kept above ``ground_height`` (m) with ``ground_weight``.
         posture_weight: weight of the hinges' pull to ``q_neutral`` (``[nq]``).
+        posture_dof_weight: ``[V]`` or ``None``: a further pull per DOF (added to ``posture_weight`` on hinges).
         capsule_body: ``[K] int64``, capsule_segment: ``[K, 2, 3]`` m (axis end points, body frame),
             capsule_radius: ``[K]`` m: the robot's collision capsules (``None``: no self-collision);
             pair: ``[C, 2] int64`` the capsule pairs, each kept ``pair_clearance [C]`` (m) apart beyond their
@@ -80,6 +81,7 @@ class IKTasks:
     posture_weight: float
     q_neutral: object
     capsule_body: object = None
+    posture_dof_weight: object = None
     capsule_segment: object = None
     capsule_radius: object = None
     pair: object = None
@@ -271,6 +273,13 @@ def _quat_rotate(q, v):
     return torch.stack(
         (vx + w * tx + (y * tz - z * ty), vy + w * ty + (z * tx - x * tz), vz + w * tz + (x * ty - y * tx)), -1
     )
+
+
+def _posture_weights(tasks, tables):
+    """``[V]`` the posture pull of each DOF (``None``: none): ``posture_weight`` plus ``posture_dof_weight``."""
+    if tasks.posture_dof_weight is None:
+        return tasks.posture_weight * tables.posture_dof if tasks.posture_weight > 0 else None
+    return (tasks.posture_weight + tasks.posture_dof_weight) * tables.posture_dof
 
 
 def _quat_log(q):
@@ -619,11 +628,12 @@ def _normal_equations(q, tasks: IKTasks, tables, layout, groups=None):
         cost = cost + (res * res).sum(1)
     hess = hess.view(n, nv, nv)
     # posture (hinges towards neutral)
-    if tasks.posture_weight > 0:
+    pw = _posture_weights(tasks, tables)
+    if pw is not None:
         dpost = layout.difference(q, tasks.q_neutral.expand_as(q)) * tables.posture_dof
-        grad = grad + tasks.posture_weight * dpost
-        hess.diagonal(dim1=1, dim2=2).add_(tasks.posture_weight * tables.posture_dof)
-        cost = cost + tasks.posture_weight * (dpost * dpost).sum(1)
+        grad = grad + pw * dpost
+        hess.diagonal(dim1=1, dim2=2).add_(pw * tables.posture_dof)
+        cost = cost + (pw * dpost * dpost).sum(1)
     return hess, grad, cost, one_sided
 
 
@@ -652,9 +662,10 @@ def _cost(q, tasks: IKTasks, tables, layout, prior=None):
         seg = caps[0].reshape(n, -1, 2, 3)
         gap = (pair_distances(seg, tasks.pair, tasks.capsule_radius)[0] - tasks.pair_clearance).clamp_max(0.0)
         cost = cost + tasks.pair_weight * (gap * gap).sum(1)
-    if tasks.posture_weight > 0:
+    pw = _posture_weights(tasks, tables)
+    if pw is not None:
         d = layout.difference(q, tasks.q_neutral.expand_as(q)) * tables.posture_dof
-        cost = cost + tasks.posture_weight * (d * d).sum(1)
+        cost = cost + (pw * d * d).sum(1)
     if prior is not None:
         d = layout.difference(q, prior[0])
         cost = cost + prior[1] * (d * d).sum(1)
