@@ -1066,6 +1066,32 @@ def _motion_of(mapper, q, fps, dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [2, 3, 9, 17, 1030, 2061])
+def test_fused_pass_root_eight_frames_per_vector_matches_numpy_at_every_length(dtype, n):
+    """The fused pass walks the root 8 frames per vector between a scalar head (frames 0, 1) and a scalar tail
+    (the rest of each 1024-frame call): at lengths that leave every kind of remainder, with the root quaternion's
+    sign flipped at random frames (the output must be sign-continuous from ``w >= 0``), q and qd equal the numpy
+    reference path's."""
+    layout, mapper = _smpl_fused(dtype)
+    fps = 30.0
+    q = _turning_q(layout, n, fps, 5)
+    motion = _motion_of(mapper, q, fps, dtype)
+    local = np.array(motion.local_rotation)
+    local[:, 0] *= np.where(np.random.default_rng(n).random(n) < 0.4, -1.0, 1.0)[:, None].astype(dtype)
+    motion = SkeletonMotion(mapper.skeleton_tree, motion.root_translation, local, fps)
+    a = mapper.to_articulation_motion(motion).motion
+    mapper.use_native = False
+    b = mapper.to_articulation_motion(motion).motion
+    mapper.use_native = True
+    quat = a.q[:, 3:7].astype(np.float64)
+    assert quat[0, 0] >= 0 and (np.sum(quat[1:] * quat[:-1], axis=-1) >= 0).all()  # sign-continuous
+    tol = 1e-9 if dtype == np.float64 else 5e-5
+    np.testing.assert_allclose(a.q.astype(np.float64), b.q, atol=tol)
+    np.testing.assert_allclose(a.qd[:, :6].astype(np.float64), b.qd[:, :6], atol=tol * fps)  # the root's rates
+
+
+@needs_native
 @pytest.mark.filterwarnings("ignore:Gimbal lock detected")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_pass_takes_the_cheaper_track_redoes_gimbal_blocks_and_counts_limits(dtype):

@@ -772,6 +772,14 @@ class _FusedEmitter:
     def finite(self, v, builder):
         return self.b.fcmp_ordered("<", builder.call(builder.fabs, v), builder.splat(math.inf))
 
+    def root_vector(self, r, bad, start, end):
+        """The root 8 frames per vector over ``start .. end - 1`` (possibly none; :func:`_root_vector_frames`)."""
+        return self.guarded("root_vec", r, bad, start, end, lambda: _root_vector_frames(self, r, bad, start, end))
+
+    def zext_any(self, mask):  # <n x i1> -> i64, nonzero when a lane is set
+        n = mask.type.count
+        return self.b.zext(self.b.bitcast(mask, self.ir.IntType(n)), self.I64)
+
     def any_lane(self, mask):  # <W x i1> -> i64 (nonzero when a lane is set)
         return self.b.zext(self.b.bitcast(mask, self.ir.IntType(self.W)), self.I64)
 
@@ -806,7 +814,12 @@ class _FusedEmitter:
             fin, bad = self.loop(f"c{c}", init, bad, lambda cur, c=c, ch=ch, flip=flip: self.chunk(ch, cur, flip))
             finals.append(fin)
         init = [b.load(b.gep(pst, [B.i64(self.root_off + i)])) for i in range(_ROOT_SLOTS)]
-        root_final, bad = self.loop("root", init, bad, self.root)
+        # the root: frames before 2 and the last (e - h) % 8 one at a time, the rest 8 frames per vector
+        h = self.imin(self.e, self.imax(self.s, B.i64(2)))
+        v_end = b.add(h, b.mul(b.sdiv(b.sub(self.e, h), B.i64(8)), B.i64(8)))
+        root_final, bad = self.loop("root_head", init, bad, self.root, start=self.s, end=h)
+        root_final, bad = self.root_vector(root_final, bad, h, v_end)
+        root_final, bad = self.loop("root_tail", root_final, bad, self.root, start=v_end, end=self.e)
         keep, out = fn.append_basic_block("keep"), fn.append_basic_block("out")
         ok = b.icmp_signed("==", bad, B.i64(0)) if self.mode == 0 else ir.Constant(ir.IntType(1), 1)
         b.cbranch(ok, keep, out)
@@ -820,17 +833,48 @@ class _FusedEmitter:
         b.position_at_end(out)
         b.ret(bad)
 
-    def loop(self, name, init, bad_in, body):
+    def imin(self, x, y):
+        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
+
+    def imax(self, x, y):
+        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+
+    def loop(self, name, init, bad_in, body, start=None, end=None):
         """A loop over frames ``s .. e - 1`` carrying ``init`` (and the bad flags); ``body(cur)`` returns the next
         values, the bad flags of this frame (i64) and a callback storing the rates of the frame before (run from
-        frame 2 on). Returns the final values and flags (the loop runs at least once)."""
+        frame 2 on). Returns the final values and flags (the loop runs at least once; with ``start``/``end``
+        over frames ``start .. end - 1``, possibly none)."""
+        if start is None:
+            return self._loop(name, init, bad_in, body, self.s, self.e)
+        return self.guarded(name, init, bad_in, start, end, lambda: self._loop(name, init, bad_in, body, start, end))
+
+    def guarded(self, name, init, bad_in, start, end, emit):
+        """``emit()`` (a loop from ``start``) when ``start < end``, else ``init`` and ``bad_in`` unchanged."""
+        b = self.b
+        pre = b.block
+        run, after = self.fn.append_basic_block(f"{name}_run"), self.fn.append_basic_block(f"{name}_skip")
+        b.cbranch(b.icmp_signed("<", start, end), run, after)
+        b.position_at_end(run)
+        nxt, new_bad = emit()
+        last = b.block
+        b.branch(after)
+        b.position_at_end(after)
+        out = []
+        for x, y in zip(list(init) + [bad_in], list(nxt) + [new_bad]):
+            p = b.phi(x.type)
+            p.add_incoming(x, pre)
+            p.add_incoming(y, last)
+            out.append(p)
+        return out[:-1], out[-1]
+
+    def _loop(self, name, init, bad_in, body, start, end):
         b, B = self.b, self.B
         pre = b.block
         head = self.fn.append_basic_block(f"{name}_loop")
         b.branch(head)
         b.position_at_end(head)
         f, bad = b.phi(self.I64, "f"), b.phi(self.I64, "bad")
-        f.add_incoming(self.s, pre)
+        f.add_incoming(start, pre)
         bad.add_incoming(bad_in, pre)
         cur = [b.phi(x.type) for x in init]
         for p, x in zip(cur, init):
@@ -848,13 +892,13 @@ class _FusedEmitter:
             store_rates()
         f1 = b.add(f, B.i64(1))
         new_bad = b.or_(bad, flags)
-        end = b.block
-        f.add_incoming(f1, end)
-        bad.add_incoming(new_bad, end)
+        tail = b.block
+        f.add_incoming(f1, tail)
+        bad.add_incoming(new_bad, tail)
         for p, x in zip(cur, nxt):
-            p.add_incoming(x, end)
+            p.add_incoming(x, tail)
         after = self.fn.append_basic_block(f"{name}_done")
-        b.cbranch(b.icmp_signed("<", f1, self.e), head, after)
+        b.cbranch(b.icmp_signed("<", f1, end), head, after)
         b.position_at_end(after)
         return nxt, new_bad
 
@@ -993,10 +1037,105 @@ class _FusedEmitter:
         return qn + [sgn, nonfinite], flags, store_rates
 
 
+def _lanes_of_rows(b, B, base, stride, col, first, count, ty):
+    """``<count x double>`` of ``base[(first + j) * stride + col]`` for lanes ``j`` (widened from ``ty``)."""
+    v = B.ir.Constant(B.V, B.ir.Undefined)
+    for j in range(count):
+        x = b.load(b.gep(base, [b.add(b.mul(b.add(first, B.i64(j)), stride), B.i64(col))]))
+        v = b.insert_element(v, b.fpext(x, B.D) if isinstance(ty, B.ir.FloatType) else x, B.i64(j))
+    return v
+
+
 def _sum_sq(b, xs):
     out = b.fmul(xs[0], xs[0])
     for x in xs[1:]:
         out = b.fadd(out, b.fmul(x, x))
+    return out
+
+
+def _root_vector_frames(em, r, bad_in, start, end):
+    """The root of frames ``start .. end - 1`` (``start >= 2``, a multiple of 8 frames), 8 frames per
+    ``<8 x double>`` (see :meth:`_FusedEmitter.root`): the sign continuity as a prefix product of the signs of
+    consecutive dot products, the rates of frame ``t - 1`` from frame ``t - 2`` two lanes back."""
+    ir, b, T, spec = em.ir, em.b, em.T, em.spec
+    V8 = _Builder(ir, em.mod, b, T, 8)
+    I64 = em.I64
+    rb, rq, rv, nq, nv = spec["root_body"], spec["root_q"], spec["root_v"], spec["nq"], spec["nv"]
+    nq64, nv64, nl64 = V8.i64(nq), V8.i64(nv), V8.i64(spec["num_bodies"] * 4)
+    pre = b.block
+    undef = ir.Constant(V8.V, ir.Undefined)
+    # carried: qn of the frame before and its sign in lane 7, the stored Q and P of frames t-2, t-1 in lanes 6, 7
+    qn0 = [b.insert_element(undef, r[i], V8.i64(7)) for i in range(4)]
+    sg0 = b.insert_element(undef, r[4], V8.i64(7))
+    back = b.sub(start, V8.i64(2))
+    stored0 = []
+    for i in range(7):
+        two = _lanes_of_rows(b, V8, em.pq, nq64, rq + i, back, 2, T)
+        stored0.append(b.shuffle_vector(undef, two, V8.mask([0] * 6 + [8, 9])))
+    head = em.fn.append_basic_block("root_vec_loop")
+    b.branch(head)
+    b.position_at_end(head)
+    f, bad, nonfinite = b.phi(I64), b.phi(I64), b.phi(V8.D)
+    qn_prev, sg_prev, st_prev = [b.phi(V8.V) for _ in range(4)], b.phi(V8.V), [b.phi(V8.V) for _ in range(7)]
+    for p, x in zip([f, bad, nonfinite, *qn_prev, sg_prev, *st_prev], [start, bad_in, r[5], *qn0, sg0, *stored0]):
+        p.add_incoming(x, pre)
+    comp = [_lanes_of_rows(b, V8, em.pL, nl64, rb * 4 + i, f, 8, T) for i in range(4)]
+    n2 = _sum_sq(b, comp)
+    zero = b.fcmp_ordered("==", n2, V8.splat(0.0))
+    flags = em.zext_any(zero)
+    inv = b.fdiv(V8.splat(1.0), V8.call(V8.sqrt, n2))
+    qn = [b.fmul(x, inv) for x in comp]
+    shift1 = V8.mask([7] + list(range(8, 15)))  # lane j: frame f + j - 1
+    dot = _sum_sq_pairs(b, [b.shuffle_vector(p, x, shift1) for p, x in zip(qn_prev, qn)], qn)
+    sg = b.select(b.fcmp_ordered("<", dot, V8.splat(0.0)), V8.splat(-1.0), V8.splat(1.0))
+    for k in (1, 2, 4):  # prefix product over the lanes
+        sg = b.fmul(sg, b.shuffle_vector(V8.splat(1.0), sg, V8.mask([0] * k + list(range(8, 16 - k)))))
+    sg = b.fmul(sg, b.shuffle_vector(sg_prev, sg_prev, V8.mask([7] * 8)))
+    bad_v = b.not_(em.finite(n2, V8))
+    Q, P = [], []
+    for i in range(4):
+        x = b.fmul(qn[i], sg)
+        xt = b.fptrunc(x, ir.VectorType(T, 8)) if em.B.f32 else x
+        for j in range(8):
+            row = b.mul(b.add(f, V8.i64(j)), nq64)
+            b.store(b.extract_element(xt, V8.i64(j)), b.gep(em.pq, [b.add(row, V8.i64(rq + 3 + i))]))
+        Q.append(b.fpext(xt, V8.V) if em.B.f32 else xt)
+    for i in range(3):
+        v = ir.Constant(ir.VectorType(T, 8), ir.Undefined)
+        for j in range(8):
+            fj = b.add(f, V8.i64(j))
+            x = b.load(b.gep(em.prt, [b.add(b.mul(fj, em.rts), V8.i64(i))]))
+            b.store(x, b.gep(em.pq, [b.add(b.mul(fj, nq64), V8.i64(rq + i))]))
+            v = b.insert_element(v, x, V8.i64(j))
+        P.append(b.fpext(v, V8.V) if em.B.f32 else v)
+        bad_v = b.or_(bad_v, b.not_(em.finite(P[-1], V8)))
+    nonfinite_next = b.select(b.icmp_unsigned("!=", em.zext_any(bad_v), V8.i64(0)), ir.Constant(V8.D, 1.0), nonfinite)
+    shift2 = V8.mask([6, 7] + list(range(8, 14)))  # lane j: frame f + j - 2
+    stored = P + Q
+    back = [b.shuffle_vector(p, x, shift2) for p, x in zip(st_prev, stored)]
+    inv2dt = b.shuffle_vector(b.insert_element(undef, em.inv2dt, V8.i64(0)), undef, V8.mask([0] * 8))
+    lin = [b.fmul(b.fsub(P[i], back[i]), inv2dt) for i in range(3)]
+    ang = _rotvec_rate(b, V8, Q, back[3:], inv2dt)
+    for i, x in enumerate(lin + ang):
+        xt = b.fptrunc(x, ir.VectorType(T, 8)) if em.B.f32 else x
+        for j in range(8):
+            row = b.mul(b.add(f, V8.i64(j - 1)), nv64)
+            b.store(b.extract_element(xt, V8.i64(j)), b.gep(em.pqd, [b.add(row, V8.i64(rv + i))]))
+    f8, new_bad = b.add(f, V8.i64(8)), b.or_(bad, flags)
+    last = b.block
+    for p, x in zip([f, bad, nonfinite, *qn_prev, sg_prev, *st_prev], [f8, new_bad, nonfinite_next, *qn, sg, *stored]):
+        p.add_incoming(x, last)
+    after = em.fn.append_basic_block("root_vec_done")
+    b.cbranch(b.icmp_signed("<", f8, end), head, after)
+    b.position_at_end(after)
+    out = [b.extract_element(x, V8.i64(7)) for x in qn] + [b.extract_element(sg, V8.i64(7)), nonfinite_next]
+    return out, new_bad
+
+
+def _sum_sq_pairs(b, xs, ys):
+    out = b.fmul(xs[0], ys[0])
+    for x, y in zip(xs[1:], ys[1:]):
+        out = b.fadd(out, b.fmul(x, y))
     return out
 
 
