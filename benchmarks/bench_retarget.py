@@ -1,6 +1,8 @@
 """Human -> G1 retargeting: frames/s of ``ke.retarget.retarget_to_robot`` on the 2752-frame CMU 01_01 clip, one CPU
 thread, against a per-frame differential-IK baseline with ``mink`` (GMR's method: per frame, ``FrameTask`` s on
-the same correspondences, weights, offsets and targets, up to 10 ``solve_ik`` + ``integrate_inplace`` steps
+the same correspondences, weights, offsets and targets (the orientation targets too: ``_build_targets`` gives
+both methods the feet's targets calibrated on the source standing flat, ``"orientation_reference": "standing"``),
+up to 10 ``solve_ik`` + ``integrate_inplace`` steps
 warm-started from the previous frame, stopping when the error gains less than 1 mm; ``daqp``, damping 0.5,
 configuration limits). Both results go through the same metrics (``robot_retarget_metrics``) and are printed
 beside their speeds.
