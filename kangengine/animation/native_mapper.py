@@ -16,9 +16,10 @@ Three kernels, each reading the local quaternions once:
 does the first step in numpy for a group of bodies whose three hinges lie on ``+-e_i, +-e_j, +-e_k``:
 :func:`~kangengine.rotations.quat_to_euler` (three ``atan2`` and two ``sqrt`` per body), the branch cost and the
 pairing test, each step reading and writing ``[frames, bodies]`` arrays again. Here per frame and body the
-quaternion is read once, everything is computed in registers (float64, SIMD vectors of 8 bodies) and the results
-are written once. The numpy path stays the reference and the fallback (llvmlite missing, other axes, limits that
-bind, gimbal lock, zero quaternions).
+quaternion is read once, everything is computed in registers (float64, SIMD vectors of 8 bodies; the fused pass
+of float32 input in float32 arithmetic, 16 bodies per vector) and the results are written once. The numpy path
+stays the reference and the fallback (llvmlite missing, other axes, limits that bind, gimbal lock, zero
+quaternions).
 
 Per frame and body, with the components permuted as :func:`~kangengine.rotations.quat_to_euler` does for the
 group's order (``a, b, c, d``): ``t_mid = atan2(2 |(a, b)| |(c, d)|, |(a, b)|^2 - |(c, d)|^2) - pi/2`` (the double
@@ -655,14 +656,16 @@ def fused_ir(
 ) -> str:
     """LLVM IR of the fused pass over a frame range of a motion whose articulation is a free root plus one group
     of x/y/z hinge triplets with limits that never bind (the SMPL humanoid): per frame it reads each local
-    quaternion once and writes, in registers (float64, ``<8 x double>`` over bodies), the chosen branch of each
-    triplet (the track of :meth:`~kangengine.animation.ArticulationMotionMapper._place_hinges`, fixed by ``flip``),
+    quaternion once and writes, in registers (vectors over bodies: 16 lanes of float32 arithmetic for float32
+    input, 8 of float64 otherwise), the chosen branch of each triplet (the track of
+    :meth:`~kangengine.animation.ArticulationMotionMapper._place_hinges`, fixed by ``flip``),
     unwrapped against the frame before plus ``ref``; the root translation and sign-continuous unit quaternion;
     and ``qd`` of the frame before (central differences from frame ``t - 2`` read back from ``q``; the root's
     angular velocity as the rotation vector of ``Q[t+1] Q[t-1]^-1``), while it keeps the track parity and
     branch-decision sums, the unwrapping turns, min and max of each hinge, the count of frames more than ``1e-6``
     beyond its limits and a non-finite flag (the state, float64, carried across calls). The frame range is walked
-    once per chunk of 8 bodies and once for the root, so each loop's running values stay in vector registers.
+    once per chunk of bodies and once for the root (8 frames per vector), so each loop's running values stay in
+    vector registers.
 
     ``bodies [k]``, ``qcols``/``vcols [k, 3]`` the q and qd columns of each body's hinges, ``order``/``signs``/
     ``phi``/``weight`` as :func:`euler_block_ir`, ``limits [k, 3, 2]`` (lower, upper; +-inf when unlimited),
@@ -701,9 +704,10 @@ def _fused_state_size(k: int, lanes: int) -> int:
 class _FusedEmitter:
     """Emits one function of :func:`fused_ir` (``mode`` 0 or 1) into ``mod``; ``spec`` the layout constants.
 
-    The frame range is walked once per chunk of 8 bodies and once for the root (each loop's running values fit
-    in the vector registers; a range of 4096 frames is 1.5 MB of quaternions, so the later loops read it from
-    the cache); the values of frame ``t - 2`` that the central differences need are read back from ``q``."""
+    The frame range is walked once per chunk of 16 (float32) or 8 (float64) bodies and once for the root (each
+    loop's running values fit in the vector registers; a range of 1024 frames is 0.4 MB of quaternions, so the
+    later loops read it from the cache); the values of frame ``t - 2`` that the central differences need are read
+    back from ``q``."""
 
     def __init__(self, ir, mod, T, mode: int, spec: dict):
         self.ir, self.mod, self.T, self.mode, self.spec = ir, mod, T, mode, spec
@@ -748,7 +752,7 @@ class _FusedEmitter:
         return raw if m == self.W else self.b.shuffle_vector(raw, raw, B.mask([min(x, m - 1) for x in range(self.W)]))
 
     def from_state(self, r, v):
-        """Slot ``r`` of the state (``<8 x double>``) as the loop carries it: the track sums in float64, the limit
+        """Slot ``r`` of the state (float64 lanes) as the loop carries it: the track sums in float64, the limit
         counts as ``<8 x i32>``, the rest in the arithmetic's type."""
         b = self.b
         if r in (_BODY_SLOTS.index("total"), _BODY_SLOTS.index("on")):
@@ -929,7 +933,7 @@ class _FusedEmitter:
         return raw, dc, cr, alpha, flags
 
     def chunk(self, ch, cur, flip):
-        """Frame ``f`` of one chunk of up to 8 bodies."""
+        """Frame ``f`` of one chunk of bodies (up to 16 lanes)."""
         b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
         raw, dc, cr, alpha, flags = self.branch0(ch, cur)
         par = b.select(cr, b.fsub(sp(1.0), cur[3]), cur[3])
