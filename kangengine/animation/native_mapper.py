@@ -713,15 +713,15 @@ class _FusedEmitter:
         self.ir, self.mod, self.T, self.mode, self.spec = ir, mod, T, mode, spec
         self.D, self.I64, self.I8 = ir.DoubleType(), ir.IntType(64), ir.IntType(8)
         k = len(spec["bodies"])
-        self.W = _fused_lanes(np.float32 if isinstance(T, ir.FloatType) else np.float64)
+        self.W = self.SW = _fused_lanes(np.float32 if isinstance(T, ir.FloatType) else np.float64)  # SW: the state's
         self.chunks = [list(range(c, min(c + self.W, k))) for c in range(0, k, self.W)]
         self.nch = len(self.chunks)
         self.nvec = _NONFINITE_SLOT + 1
-        self.root_off = self.nvec * self.nch * self.W
+        self.root_off = self.nvec * self.nch * self.SW
 
     # -- small helpers ---------------------------------------------------------------------------------
     def slot(self, r, c):
-        return (r * self.nch + c) * self.W
+        return (r * self.nch + c) * self.SW
 
     @staticmethod
     def hslot(name, h):
@@ -798,20 +798,13 @@ class _FusedEmitter:
             a.add_attribute("noalias")
         entry = fn.append_basic_block("entry")
         b = self.b = ir.IRBuilder(entry)
-        f32 = isinstance(T, ir.FloatType)
-        B = self.B = _Builder(ir, self.mod, b, T, self.W, single=f32)  # float32 input: float32 arithmetic
-        self.Dv = _Builder(ir, self.mod, b, T, self.W)  # float64 vectors: track sums, placed values before rounding
         self.S = _Builder(ir, self.mod, b, T, width=0)
-        V = B.V
-        self.copysign = B.copysign
-        self.I1V, self.I8V = ir.VectorType(ir.IntType(1), self.W), ir.VectorType(I8, self.W)
-        self.I32V = ir.VectorType(ir.IntType(32), self.W)
         self.inv2dt = inv2dt
-        v = b.insert_element(ir.Constant(V, ir.Undefined), b.fptrunc(inv2dt, B.D) if f32 else inv2dt, B.i64(0))
-        self.inv2dt_v = b.shuffle_vector(v, v, B.mask([0] * self.W))
+        B = self.use_width(self.SW)
         bad = B.i64(0)
         finals = []
         for c, ch in enumerate(self.chunks):
+            B = self.use_width(self.chunk_width(ch))
             init = [self.from_state(r, B.vload(pst, self.slot(r, c), self.W, D)) for r in range(self.nvec)]
             marks = self.padded_load(pflip, ch[0], len(ch), I8)
             flip = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * self.W))
@@ -829,6 +822,7 @@ class _FusedEmitter:
         b.cbranch(ok, keep, out)
         b.position_at_end(keep)
         for c, fin in enumerate(finals):
+            self.use_width(self.chunk_width(self.chunks[c]))
             for r, x in enumerate(fin):
                 B.vstore(pst, self.slot(r, c), self.to_state(r, x), D)
         for i, x in enumerate(root_final):
@@ -836,6 +830,25 @@ class _FusedEmitter:
         b.branch(out)
         b.position_at_end(out)
         b.ret(bad)
+
+    def chunk_width(self, ch) -> int:
+        """Lanes of a chunk's vectors: a last chunk of at most 8 bodies (float32) goes 8 wide."""
+        return 8 if len(ch) <= 8 else self.SW
+
+    def use_width(self, w: int):
+        """Emit the following per-body code ``w`` lanes wide (the builders, vector types and splats)."""
+        ir, b, T = self.ir, self.b, self.T
+        f32 = isinstance(T, ir.FloatType)
+        self.W = w
+        B = self.B = _Builder(ir, self.mod, b, T, w, single=f32)  # float32 input: float32 arithmetic
+        self.Dv = _Builder(ir, self.mod, b, T, w)  # float64 vectors: track sums, placed values before rounding
+        self.copysign = B.copysign
+        self.I1V, self.I8V = ir.VectorType(ir.IntType(1), w), ir.VectorType(self.I8, w)
+        self.I32V = ir.VectorType(ir.IntType(32), w)
+        x = b.fptrunc(self.inv2dt, B.D) if f32 else self.inv2dt
+        v = b.insert_element(ir.Constant(B.V, ir.Undefined), x, B.i64(0))
+        self.inv2dt_v = b.shuffle_vector(v, v, B.mask([0] * w))
+        return B
 
     def imin(self, x, y):
         return self.b.select(self.b.icmp_signed("<", x, y), x, y)
