@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,3 +78,23 @@ def data_dir() -> Path:
     if not DATA.is_dir():
         pytest.fail(f"test data folder {DATA} is missing (../shared/data or $KANGENGINE_TEST_DATA)")
     return DATA
+
+
+def infeasible_variants(walk, layout) -> dict:
+    """Made-infeasible copies of a walk (an ``ArticulationMotion`` on a free-root ``layout`` heading along -y):
+    ``teleport`` (a 0.5 m sideways root jump halfway), ``lifted`` (0.3 m up) and ``skating`` (a stance pose
+    whose root slides at 1 m/s while the legs stand still), velocities by the mapper's finite differences."""
+    import kangengine as ke
+
+    def with_q(q):
+        qd = ke.animation.ArticulationMotionMapper(layout).velocities(q, walk.fps())
+        return ke.animation.ArticulationMotion(q, qd, walk.fps(), walk.layout_signature)
+
+    n = walk.num_frames
+    teleport = walk.q.copy()
+    teleport[n // 2 :, 0] += 0.5
+    lifted = walk.q.copy()
+    lifted[:, 2] += 0.3
+    skating = np.repeat(walk.q[30:31], n, axis=0)
+    skating[:, 1] -= np.arange(n) / walk.fps() * 1.0
+    return {"teleport": with_q(teleport), "lifted": with_q(lifted), "skating": with_q(skating)}

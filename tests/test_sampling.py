@@ -47,16 +47,7 @@ def walk(cmu):
 def _search(model, clip, settings):
     """The plan and the reference, with the simulator ``track`` builds (effort unclamped, solver fixed)."""
     ref = T.prepare_reference(model, [clip], settings)
-    sim_model = replace(model, dof_effort_limit=torch.full_like(model.dof_effort_limit, math.inf))
-    sim = ke.sim.Simulator(
-        sim_model,
-        dt=settings.dt,
-        iterations=settings.iterations,
-        check_inputs=False,
-        divergence_speed=settings.divergence_speed,
-        divergence_distance=settings.divergence_distance,
-    )
-    sim.solver = sim.solver_for(1)
+    sim = T.tracking_simulator(model, settings, 1)
     return S.sample_target_offsets(model, ref, settings, sim), ref
 
 

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import data_file, infeasible_variants
 
 import kangengine as ke
 from kangengine import rotations as R
@@ -55,26 +55,12 @@ def walk(cmu_desc, layout):
     return mapper.to_articulation_motion(on_robot, clamp_to_limits=True).motion
 
 
-def _with_q(walk, layout, q):
-    qd = ke.animation.ArticulationMotionMapper(layout).velocities(q, walk.fps())
-    return ke.animation.ArticulationMotion(q, qd, walk.fps(), walk.layout_signature)
-
-
 @pytest.fixture(scope="module")
 def broken(walk, layout):
     """The walk with a 0.5 m sideways root jump halfway, lifted 0.3 m, and a stance pose whose root slides
     forward at walking speed while the legs stand still."""
-    n = walk.num_frames
-    q = walk.q.copy()
-    q[n // 2 :, 0] += 0.5
-    jump = _with_q(walk, layout, q)
-    q = walk.q.copy()
-    q[:, 2] += 0.3
-    lifted = _with_q(walk, layout, q)
-    q = np.repeat(walk.q[30:31], n, axis=0)
-    q[:, 1] -= np.arange(n) / walk.fps() * 1.0  # the walk heads along -y
-    skating = _with_q(walk, layout, q)
-    return {"jump": jump, "lifted": lifted, "skating": skating}
+    v = infeasible_variants(walk, layout)
+    return {"jump": v["teleport"], "lifted": v["lifted"], "skating": v["skating"]}
 
 
 @pytest.fixture(scope="module")

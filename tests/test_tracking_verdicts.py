@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import data_file, infeasible_variants
 
 import kangengine as ke
 from kangengine.sim import TrackingSettings, Verdict
@@ -51,28 +51,13 @@ def walk(cmu):
     return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_robot, clamp_to_limits=True).motion
 
 
-def _with_q(walk, layout, q):
-    qd = ke.animation.ArticulationMotionMapper(layout).velocities(q, walk.fps())
-    return ke.animation.ArticulationMotion(q, qd, walk.fps(), walk.layout_signature)
-
-
 @pytest.fixture(scope="module")
 def verdicts(cmu, walk, tmp_path_factory):
     """Every clip validated with the default settings (no root assistance)."""
     desc, layout = cmu
     model = _model(desc, layout)
-    n = walk.num_frames
     fast = ke.animation.ArticulationMotion(walk.q, walk.qd * 3.0, walk.fps() * 3.0, walk.layout_signature)
-    q = walk.q.copy()
-    q[n // 2 :, 0] += 0.5
-    teleport = _with_q(walk, layout, q)
-    q = walk.q.copy()
-    q[:, 2] += 0.3
-    lifted = _with_q(walk, layout, q)
-    q = np.repeat(walk.q[30:31], n, axis=0)
-    q[:, 1] -= np.arange(n) / walk.fps() * 1.0  # the walk heads along -y
-    skating = _with_q(walk, layout, q)
-    clips = {"walk": walk, "walk_3x_fast": fast, "teleport": teleport, "lifted": lifted, "skating": skating}
+    clips = {"walk": walk, "walk_3x_fast": fast, **infeasible_variants(walk, layout)}
     res = ke.pipelines.validate(model, clips, out_dir=tmp_path_factory.mktemp("v"), plots=False)
     out = {r.name: r for r in res.reports}
     weak = dataclasses.replace(model, dof_effort_limit=model.dof_effort_limit * 0.1)

@@ -940,17 +940,11 @@ def track(
         torch.set_num_threads(before)
 
 
-def _track(model, motions, settings, names, reference, num_worlds) -> TrackingResult:
-    t0 = time.perf_counter()
-    ref = reference if reference is not None else prepare_reference(model, motions, settings)
-    w = ref.num_clips
-    slots = w if num_worlds is None else min(int(num_worlds), w)
-    if settings.self_collision and model.num_self_pairs == 0:
-        raise ShapeError(
-            f"{model.name}: TrackingSettings.self_collision needs a model with link-to-link pairs; build it with "
-            "Model.from_desc(..., contact=ContactParams(self_collision=True)) (this one has none)",
-            item="TrackingSettings.self_collision",
-        )
+def tracking_simulator(model: Model, settings: TrackingSettings, slots: int) -> Simulator:
+    """The simulator ``track`` steps: effort limits lifted unless ``settings.clamp_effort``, link-to-link
+    contact as ``settings.self_collision`` says, the step's settings from ``settings`` and the linear solver
+    fixed for ``slots`` worlds (a world's result must not depend on the batch's size; the sampling search
+    builds its batches with it too)."""
     sim_model = (
         model
         if settings.clamp_effort
@@ -966,7 +960,22 @@ def _track(model, motions, settings, names, reference, num_worlds) -> TrackingRe
         divergence_speed=settings.divergence_speed,
         divergence_distance=settings.divergence_distance,
     )
-    sim.solver = sim.solver_for(slots)  # fixed: a world's result must not depend on the batch's size
+    sim.solver = sim.solver_for(slots)
+    return sim
+
+
+def _track(model, motions, settings, names, reference, num_worlds) -> TrackingResult:
+    t0 = time.perf_counter()
+    ref = reference if reference is not None else prepare_reference(model, motions, settings)
+    w = ref.num_clips
+    slots = w if num_worlds is None else min(int(num_worlds), w)
+    if settings.self_collision and model.num_self_pairs == 0:
+        raise ShapeError(
+            f"{model.name}: TrackingSettings.self_collision needs a model with link-to-link pairs; build it with "
+            "Model.from_desc(..., contact=ContactParams(self_collision=True)) (this one has none)",
+            item="TrackingSettings.self_collision",
+        )
+    sim = tracking_simulator(model, settings, slots)
     t_setup = time.perf_counter() - t0
     timings, search_steps = {"setup": t_setup}, None
     if settings.controller is Controller.SAMPLING and model.layout.free_root and ref.target_offset is None:
