@@ -15,7 +15,7 @@ merge DIR`` to combine shards.
 
 Exit status: 0 every clip done, 1 a clip failed (with ``--strict`` also: a clip rejected, or converted with
 warnings), 2 bad arguments (one line on stderr, before any work), 130 interrupted (Ctrl-C; what finished is
-kept and a rerun resumes).
+kept and a rerun resumes), 143 terminated (SIGTERM during ``convert``; likewise).
 """
 
 from __future__ import annotations
@@ -743,7 +743,7 @@ def main(argv=None) -> int:
     # before torch is loaded: idle OpenMP threads sleep instead of spinning (spinning threads made a
     # simulator step 15x slower on a machine whose other cores are busy; docs/cli.md has the numbers)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .pipelines.batch import BatchInterrupted, OutputFolderError
+    from .pipelines.batch import BatchInterrupted, BatchTerminated, OutputFolderError
 
     args = build_parser().parse_args(argv)
     prog = f"kangengine {args.command}" + (f" {args.library_command}" if args.command == "library" else "")
@@ -755,6 +755,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted before any clip finished", file=sys.stderr)
         return 130
+    except BatchTerminated:
+        print(f"{prog}: terminated (SIGTERM); what finished is in the manifest: run again to resume", file=sys.stderr)
+        return 143
     except (_UsageError, OutputFolderError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -208,6 +208,7 @@ def test_a_signalled_run_writes_the_summary_of_its_manifest_and_resumes(tmp_path
         proc.stderr.close()
     assert proc.returncode == status, rest
     assert "Traceback" not in rest
+    assert ("terminated (SIGTERM)" if signum == signal.SIGTERM else "run the same command again to resume") in rest
     done = _manifest(out / "manifest.jsonl")
     assert 2 <= len(done) < 20 and all(e["status"] == "done" for e in done)
     summary = json.loads((out / SUMMARY_NAME).read_text())

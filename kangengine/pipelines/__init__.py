@@ -44,6 +44,7 @@ _EXPORTS = {
     "ClipSource": "batch",
     "OutputFolderError": "batch",
     "BatchInterrupted": "batch",
+    "BatchTerminated": "batch",
     "validate": "validate",
     "load_for_validation": "validate",
     "ValidationResult": "validate",
