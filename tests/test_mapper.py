@@ -543,17 +543,7 @@ def test_long_motion_with_full_turns_and_gimbal_crossings_stays_continuous(rel):
     layout = _layout(rel, free_root=True)
     mapper = ArticulationMotionMapper(layout)
     fps, n = 60.0, 3000
-    t = np.arange(n) / fps
-    rng = np.random.default_rng(9)
-    q = np.tile(layout.neutral(), (n, 1))
-    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))  # root spins
-    for b in range(layout.num_bodies):
-        blocks = _hinge_blocks(layout, b)
-        for i, blk in enumerate(blocks):
-            if len(blocks) == 3 and i == 1:
-                q[:, blk.q_offset] = rng.uniform(0.5, 1.8) * np.sin(rng.uniform(0.3, 1.0) * t)
-            else:
-                q[:, blk.q_offset] = rng.uniform(-2.0, 2.0) * t + rng.uniform(-3, 3)
+    q = _turning_q(layout, n, fps, seed=9)  # the root moves and spins
     res = mapper.to_articulation_motion(_motion(mapper, q, fps))
     got = res.motion.q.astype(np.float64)
     assert res.residual_angles.max() < 1e-5

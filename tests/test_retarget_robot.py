@@ -163,21 +163,11 @@ def test_velocities_are_the_manifold_derivative(walk_result):
     assert r.metrics["joint_velocity_peak_rad_s"] <= 2.0 * r.metrics["source_joint_velocity_peak_rad_s"]
 
 
-def test_analytic_jacobian_matches_finite_differences(config):
-    """The solver's Gauss-Newton gradient ``J^T W r`` of point tasks (analytic ``J``) equals half the finite
-    difference of the cost along each tangent direction (float64)."""
-    lay = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(data_file(G1)), free_root=True)
-    rng = np.random.default_rng(3)
-    q0 = lay.neutral()
-    q0[7:] += rng.uniform(-0.3, 0.3, lay.nq - 7)
-    q0 = np.clip(q0, np.r_[np.full(7, -np.inf), lay.dof_lower[6:]], np.r_[np.full(7, np.inf), lay.dof_upper[6:]])
+def _point_tasks(lay, **fields) -> S.IKTasks:
+    """One frame of ``S.IKTasks`` with the given point (and capsule) fields and no orientation, ground or
+    posture task (float64)."""
     t = lambda x, dt=torch.float64: torch.as_tensor(np.asarray(x), dtype=dt)
-    bodies = [lay.body_index(n) for n in ("left_ankle_roll_link", "right_wrist_yaw_link", "torso_link")]
-    tasks = S.IKTasks(
-        point_body=t(bodies, torch.int64),
-        point_offset=t([[0.1, 0.0, -0.02], [0.0, 0.05, 0.0], [0.0, 0.0, 0.14]]),
-        point_target=t(rng.normal(size=(1, 3, 3))),
-        point_weight=t(np.ones((1, 3, 3))),
+    empty = dict(
         orient_body=t([], torch.int64),
         orient_target_wxyz=t(np.zeros((1, 0, 4))),
         orient_weight=t(np.zeros((1, 0))),
@@ -188,6 +178,26 @@ def test_analytic_jacobian_matches_finite_differences(config):
         ground_weight=0.0,
         posture_weight=0.0,
         q_neutral=t(lay.neutral()),
+    )
+    return S.IKTasks(**{**empty, **fields})
+
+
+def test_analytic_jacobian_matches_finite_differences(config):
+    """The solver's Gauss-Newton gradient ``J^T W r`` of point tasks (analytic ``J``) equals half the finite
+    difference of the cost along each tangent direction (float64)."""
+    lay = ke.animation.ArticulationCoordinateLayout.from_data(data=ke.asset.load(data_file(G1)), free_root=True)
+    rng = np.random.default_rng(3)
+    q0 = lay.neutral()
+    q0[7:] += rng.uniform(-0.3, 0.3, lay.nq - 7)
+    q0 = np.clip(q0, np.r_[np.full(7, -np.inf), lay.dof_lower[6:]], np.r_[np.full(7, np.inf), lay.dof_upper[6:]])
+    t = lambda x, dt=torch.float64: torch.as_tensor(np.asarray(x), dtype=dt)
+    bodies = [lay.body_index(n) for n in ("left_ankle_roll_link", "right_wrist_yaw_link", "torso_link")]
+    tasks = _point_tasks(
+        lay,
+        point_body=t(bodies, torch.int64),
+        point_offset=t([[0.1, 0.0, -0.02], [0.0, 0.05, 0.0], [0.0, 0.0, 0.14]]),
+        point_target=t(rng.normal(size=(1, 3, 3))),
+        point_weight=t(np.ones((1, 3, 3))),
     )
     tables = S.robot_dof_tables(lay, dtype=torch.float64, device="cpu")
     _, grad, cost, _ = S._normal_equations(t(q0[None]), tasks, tables, lay)
@@ -214,21 +224,12 @@ def test_self_collision_gradient_matches_finite_differences():
     q0 = np.clip(q0, np.r_[np.full(7, -np.inf), lay.dof_lower[6:]], np.r_[np.full(7, np.inf), lay.dof_upper[6:]])
     t = lambda x, dt=torch.float64: torch.as_tensor(np.asarray(x), dtype=dt)
     bodies = [lay.body_index(n) for n in ("torso_link", "left_wrist_yaw_link", "right_knee_link")]
-    tasks = S.IKTasks(
+    tasks = _point_tasks(
+        lay,
         point_body=t([bodies[0]], torch.int64),
         point_offset=t(np.zeros((1, 3))),
         point_target=t(np.zeros((1, 1, 3))),
         point_weight=t(np.zeros((1, 1, 3))),
-        orient_body=t([], torch.int64),
-        orient_target_wxyz=t(np.zeros((1, 0, 4))),
-        orient_weight=t(np.zeros((1, 0))),
-        ground_body=t([], torch.int64),
-        ground_offset=t(np.zeros((0, 3))),
-        ground_radius=t(np.zeros(0)),
-        ground_height=0.0,
-        ground_weight=0.0,
-        posture_weight=0.0,
-        q_neutral=t(lay.neutral()),
         capsule_body=t(bodies, torch.int64),
         capsule_segment=t([[[0, 0, 0.0], [0, 0, 0.3]], [[0, 0, 0], [0.1, 0, 0]], [[0, 0, 0], [0, 0, -0.2]]]),
         capsule_radius=t([0.15, 0.05, 0.05]),

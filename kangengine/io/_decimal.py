@@ -457,35 +457,17 @@ def _cache_path(llvm, cpu: str, features: str) -> Path:
     return cache_dir().parent / "io-native" / f"decimal-{h.hexdigest()}.o"
 
 
-def _cache_read(path: Path) -> bytes | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    head = len(_CACHE_MAGIC)
-    digest, obj = data[head : head + 32], data[head + 32 :]
-    ok = data.startswith(_CACHE_MAGIC) and obj and hashlib.sha256(obj).digest() == digest
-    return obj if ok else None
-
-
-def _cache_write(path: Path, obj: bytes) -> None:
-    from .._files import atomic_write
-
-    try:
-        atomic_write(path, lambda f: f.write(_CACHE_MAGIC + hashlib.sha256(obj).digest() + obj))
-    except OSError:  # a read-only or full cache folder only costs the next process the build
-        pass
-
-
 def _compile(llvm):
     """(engine, address of ``parse``, whether the object code came from the on-disk cache)."""
+    from ..animation.kinematics.native import read_cached_object, write_cached_object
+
     cpu = llvm.get_host_cpu_name()
     try:
         features = llvm.get_host_cpu_features().flatten()
     except Exception:  # some platforms cannot report features: generic code for the CPU name
         features = ""
     path = _cache_path(llvm, cpu, features)
-    obj = _cache_read(path)
+    obj = read_cached_object(path, _CACHE_MAGIC)
     mod = llvm.parse_assembly(_MODULE_IR if obj is None else "")  # an empty module when the object code is cached
     mod.verify()
     tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
@@ -500,7 +482,7 @@ def _compile(llvm):
     if not all(addresses.values()):
         raise RuntimeError("the native BVH module lacks an entry point")
     if obj is None and built:
-        _cache_write(path, built[0])
+        write_cached_object(path, built[0], _CACHE_MAGIC)
     return engine, addresses, obj is not None
 
 

@@ -504,24 +504,28 @@ def cache_key(ops, outputs, n_in: int, n_out: int, dtype) -> str:
     return h.hexdigest()
 
 
-def _cache_read(path: Path) -> bytes | None:
+def read_cached_object(path: Path, magic: bytes = _CACHE_MAGIC) -> bytes | None:
+    """The object code stored at ``path`` by :func:`write_cached_object` with the same ``magic``, or ``None``
+    when the file is missing, unreadable, of another kind or corrupt (its SHA-256 does not match)."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    head = len(_CACHE_MAGIC)
-    if not data.startswith(_CACHE_MAGIC) or len(data) < head + 32:
+    head = len(magic)
+    if not data.startswith(magic) or len(data) < head + 32:
         return None
     digest, obj = data[head : head + 32], data[head + 32 :]
     return obj if obj and hashlib.sha256(obj).digest() == digest else None
 
 
-def _cache_write(path: Path, obj: bytes) -> None:
+def write_cached_object(path: Path, obj: bytes, magic: bytes = _CACHE_MAGIC) -> None:
+    """Store object code at ``path`` atomically as ``magic``, its SHA-256, then the bytes; a read-only or
+    full cache folder is no error (the next process builds again)."""
     from ..._files import atomic_write
 
     try:
-        atomic_write(path, lambda f: f.write(_CACHE_MAGIC + hashlib.sha256(obj).digest() + obj))
-    except OSError:  # read-only or full cache folder: the next process builds again
+        atomic_write(path, lambda f: f.write(magic + hashlib.sha256(obj).digest() + obj))
+    except OSError:
         pass
 
 
@@ -546,7 +550,7 @@ def compile_ir(
     if llvm is None:
         raise RuntimeError("llvmlite is not available")
     path = cache_dir() / f"{key}.o" if cache or cached_only else None
-    obj = _cache_read(path) if path is not None else None
+    obj = read_cached_object(path) if path is not None else None
     if obj is None and cached_only:
         return None
     text = "" if obj is not None else ir_text()
@@ -567,7 +571,7 @@ def compile_ir(
     if not address:
         raise RuntimeError(f"the native kernel has no entry point {entry!r}")
     if path is not None and obj is None and built:
-        _cache_write(path, built[0])
+        write_cached_object(path, built[0])
     return engine, address, obj is not None
 
 
