@@ -272,6 +272,28 @@ def test_retarget_with_feet_of_different_sole_point_counts_equals_the_previous_i
         np.testing.assert_allclose(res.ground_shift, shift, atol=1e-6)
 
 
+def _mujoco_lowest(mujoco, model, data) -> float:
+    """The lowest point (world z, m) over the colliding geoms of ``model`` from MuJoCo's own geom poses
+    (``geom_xpos``, ``geom_xmat``) after ``mj_kinematics``: spheres, capsules, boxes, cylinders, ellipsoids."""
+    low = []
+    for g in range(model.ngeom):
+        if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
+            continue
+        r, size, z = data.geom_xmat[g].reshape(3, 3)[2], model.geom_size[g], data.geom_xpos[g, 2]
+        kind = model.geom_type[g]
+        if kind == mujoco.mjtGeom.mjGEOM_SPHERE:
+            low.append(z - size[0])
+        elif kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
+            low.append(z - abs(r[2]) * size[1] - size[0])
+        elif kind == mujoco.mjtGeom.mjGEOM_BOX:
+            low.append(z - (np.abs(r) * size).sum())
+        elif kind == mujoco.mjtGeom.mjGEOM_CYLINDER:
+            low.append(z - abs(r[2]) * size[1] - size[0] * math.sqrt(max(0.0, 1 - r[2] ** 2)))
+        elif kind == mujoco.mjtGeom.mjGEOM_ELLIPSOID:
+            low.append(z - math.sqrt(((r * size) ** 2).sum()))
+    return min(low)
+
+
 def test_lowest_points_equal_mujoco_geom_poses(clips, cmu_desc):
     """The lowest point of every collision geom, from the bodies' world poses MuJoCo computes for the converted
     joint coordinates, against the same formula on MuJoCo's own geom poses (geom_xpos, geom_xmat)."""
@@ -291,20 +313,7 @@ def test_lowest_points_equal_mujoco_geom_poses(clips, cmu_desc):
         mujoco.mj_kinematics(model, data)
         pos.append(data.xpos[order].copy())
         rot.append(data.xquat[order].copy())
-        low = []
-        for g in range(model.ngeom):
-            if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
-                continue
-            r = data.geom_xmat[g].reshape(3, 3)[2]
-            size, kind = model.geom_size[g], model.geom_type[g]
-            z = data.geom_xpos[g, 2]
-            if kind == mujoco.mjtGeom.mjGEOM_SPHERE:
-                low.append(z - size[0])
-            elif kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
-                low.append(z - abs(r[2]) * size[1] - size[0])
-            elif kind == mujoco.mjtGeom.mjGEOM_BOX:
-                low.append(z - (np.abs(r) * size).sum())
-        want.append(min(low))
+        want.append(_mujoco_lowest(mujoco, model, data))
     got = ground.lowest(np.array(pos), np.array(rot))
     assert len(ground.bare) == 0 or np.array(pos)[:, ground.bare, 2].min() > np.min(want)
     np.testing.assert_allclose(got, want, atol=1e-9)
@@ -338,21 +347,7 @@ def test_lowest_points_of_every_geom_kind_equal_mujoco(tmp_path):
         mujoco.mj_kinematics(model, data)
         pos.append(data.xpos[1:].copy())
         rot.append(data.xquat[1:].copy())
-        low = []
-        for g in range(model.ngeom):
-            r, size, z = data.geom_xmat[g].reshape(3, 3)[2], model.geom_size[g], data.geom_xpos[g, 2]
-            kind = model.geom_type[g]
-            if kind == mujoco.mjtGeom.mjGEOM_SPHERE:
-                low.append(z - size[0])
-            elif kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
-                low.append(z - abs(r[2]) * size[1] - size[0])
-            elif kind == mujoco.mjtGeom.mjGEOM_BOX:
-                low.append(z - (np.abs(r) * size).sum())
-            elif kind == mujoco.mjtGeom.mjGEOM_CYLINDER:
-                low.append(z - abs(r[2]) * size[1] - size[0] * math.sqrt(max(0.0, 1 - r[2] ** 2)))
-            else:
-                low.append(z - math.sqrt(((r * size) ** 2).sum()))
-        want.append(min(low))
+        want.append(_mujoco_lowest(mujoco, model, data))
     ground = sk._GroundGeoms.from_desc(desc)
     assert ground.disc is not None and ground.ellipsoid is not None and len(ground.bare) == 0
     pos, rot = np.array(pos), np.array(rot)
