@@ -580,6 +580,21 @@ def _unit(q: np.ndarray) -> np.ndarray:
     return q / np.sqrt(np.einsum("...k,...k->...", q, q))[..., None]
 
 
+_KERNELS: list = []  # [module or None] once tried
+
+
+def _kernels():
+    """The compiled per-frame passes (:mod:`._skeleton_kernels`, numba), or None where numba does not import
+    (the numpy paths of this module then run; both give the same values to rounding)."""
+    if not _KERNELS:
+        try:
+            from . import _skeleton_kernels as kernels
+        except Exception:  # numba missing or broken: the numpy paths
+            kernels = None
+        _KERNELS.append(kernels)
+    return _KERNELS[0]
+
+
 # -- ground ---------------------------------------------------------------------------------------------
 
 
@@ -621,6 +636,9 @@ class _GroundGeoms:
     ellipsoid: np.ndarray | None  # [G, 3] semi-axes, zero for the other kinds (None: no ellipsoid)
     bare: np.ndarray  # [B] bodies without a usable geom: their origins count
     bare_names: tuple[str, ...]
+    geom_body_index: np.ndarray | None = None  # [G] the body of each geom (``bodies[geom_body]``), for the kernel
+    disc_or_zero: np.ndarray | None = None  # [G] ``disc``, zeros where None
+    ellipsoid_or_zero: np.ndarray | None = None  # [G, 3] ``ellipsoid``, zeros where None
 
     @classmethod
     def from_desc(cls, desc) -> _GroundGeoms | None:
@@ -653,11 +671,36 @@ class _GroundGeoms:
             ellipsoid=ellipsoid,
             bare=bare,
             bare_names=tuple(desc.bodies[b].name for b in bare),
+            geom_body_index=np.ascontiguousarray(bodies[geom_body], dtype=np.int64),
+            disc_or_zero=np.zeros(len(geoms)) if disc is None else np.ascontiguousarray(disc, dtype=np.float64),
+            ellipsoid_or_zero=np.zeros((len(geoms), 3)) if ellipsoid is None else np.ascontiguousarray(ellipsoid),
         )
 
     def lowest(self, body_pos: np.ndarray, body_rot: np.ndarray) -> np.ndarray:
         """``[frames]`` lowest world z (m) over the geoms and the bare bodies' origins, from the bodies' world
-        poses ``body_pos [frames, n, 3]`` m and ``body_rot [frames, n, 4]`` WXYZ (unit; float64)."""
+        poses ``body_pos [frames, n, 3]`` m and ``body_rot [frames, n, 4]`` WXYZ (unit; float64). One compiled
+        pass over the frames (:func:`._skeleton_kernels.lowest_points`) where numba imports, else
+        :meth:`lowest_numpy` (equal to rounding)."""
+        kernels = _kernels()
+        if kernels is None or self.geom_body_index is None:
+            return self.lowest_numpy(body_pos, body_rot)
+        low = np.empty(len(body_pos))
+        kernels.lowest_points(
+            np.ascontiguousarray(body_pos, dtype=np.float64),
+            np.ascontiguousarray(body_rot, dtype=np.float64),
+            self.geom_body_index,
+            self.geom_map,
+            self.linear,
+            self.radius,
+            self.disc_or_zero,
+            self.ellipsoid_or_zero,
+            self.bare,
+            low,
+        )
+        return low
+
+    def lowest_numpy(self, body_pos: np.ndarray, body_rot: np.ndarray) -> np.ndarray:
+        """:meth:`lowest` in numpy array operations (over ``[geoms, frames]`` at once)."""
         rows = _third_rows(body_rot[:, self.bodies])[:, self.geom_body].swapaxes(0, 1)  # [G, T, 3]
         out = rows @ self.geom_map  # [G, T, 4]: third row of world_from_geom, then the centre's height offset
         centre_z = body_pos[:, self.bodies[self.geom_body], 2].T + out[..., 3]
@@ -1159,7 +1202,8 @@ def _apply_hinges(G: np.ndarray, h: _Hinges) -> None:
     (a single hinge), and no step's parent or body is another step's, so one batch over ``[T, steps]`` equals
     the steps one after another. Per step and frame: the hinge angle that puts the child bone where the motion
     has it (of the two that reach, the one inside the limits, then nearest the swing-twist answer), and the
-    twist of the parent about the parent -> body bone that turns the bent child bone onto the wanted one."""
+    twist of the parent about the parent -> body bone that turns the bent child bone onto the wanted one (none
+    where the wanted child lies on that bone's line: the twist is then free and the parent keeps its own)."""
     Gp, Gb = G[:, h.parent], G[:, h.body]  # [T, S, 4]
     X = _qmul(Gp, Gb, conj_a=True)  # parent_from_body
     v = np.einsum("tsij,sj->tsi", _qmat(X), h.child)  # where the child should be, parent frame
@@ -1182,6 +1226,10 @@ def _apply_hinges(G: np.ndarray, h: _Hinges) -> None:
     wu = np.einsum("tsk,sk->ts", w, h.bone)
     u_x_w = np.einsum("tsj,sij->tsi", w, h.bone_cross)  # u x w; u . (w x v) = (u x w) . v
     phi = np.arctan2(np.einsum("tsk,tsk->ts", u_x_w, v), np.einsum("tsk,tsk->ts", w, v) - wu * vu)
+    # the wanted child on the bone's line (|u x v| <= 1e-9 |v|, a straight limb's rest frame): no twist to find
+    # (both arguments are rounding noise there), the parent keeps its own
+    u_x_v = np.einsum("tsj,sij->tsi", v, h.bone_cross)
+    phi[np.einsum("tsk,tsk->ts", u_x_v, u_x_v) <= 1e-18 * np.einsum("tsk,tsk->ts", v, v)] = 0.0
     # Gp exp(u phi) = cos(phi/2) Gp + sin(phi/2) Gp (0, u)
     Gp_new = np.cos(0.5 * phi)[..., None] * Gp + np.sin(0.5 * phi)[..., None] * np.einsum(
         "tsk,ski->tsi", Gp, h.times_bone
@@ -1345,6 +1393,7 @@ class _Plan:
     target_tpose_root: np.ndarray  # [3]
     feet: _Feet | None  # level_feet on a target with geoms
     ground: _GroundGeoms | None  # the target's collision geoms (None: none, or no desc)
+    kernel_args: tuple = ()  # the constant arguments of _skeleton_kernels.mapped_local_rotations after src_rot
 
     def local_rotation(self, G: np.ndarray) -> np.ndarray:
         """``[T, n, 4]`` target local rotations from the mapped bodies' world rotations ``G [T, M, 4]``: unmapped
@@ -1466,7 +1515,46 @@ def _build_plan(config: RetargetConfig, tgt: _Target, src_tree: SkeletonTree, so
         target_tpose_root=np.asarray(target_tpose.root_translation, dtype=np.float64),
         feet=feet,
         ground=_GroundGeoms.from_desc(tgt.desc) if tgt.desc is not None else None,
+        kernel_args=_kernel_args(src_idx, world_map, hinges, ancestor, chain_slot, chain_map, tgt_idx, tpose_local),
     )
+
+
+def _kernel_args(src_idx, world_map, hinges: _Hinges | None, ancestor, chain_slot, chain_map, tgt_idx, tpose_local):
+    """The constant arguments of :func:`._skeleton_kernels.mapped_local_rotations` (after ``src_rot``, before
+    ``local``), contiguous and typed once per plan."""
+
+    def f64(x):
+        return np.ascontiguousarray(x, dtype=np.float64)
+
+    def i64(x):
+        return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
+
+    M = len(tgt_idx)
+    chain_of_slot = np.full(M, -1, dtype=np.int64)
+    chain_of_slot[np.asarray(chain_slot, dtype=np.int64)] = np.arange(len(chain_slot))
+    if hinges is None:
+        e1, e3, e4 = np.zeros(0), np.zeros((0, 3)), np.zeros((0, 4))
+        h = (i64([]), i64([]), e4, e3, e4, e3, e3, e3, e3, np.zeros((0, 4, 2)), e1, e1, e1, e1, e1)
+    else:
+        h = (
+            i64(hinges.parent),
+            i64(hinges.body),
+            f64(hinges.rest),
+            f64(hinges.bone),
+            f64(hinges.rest_axis),
+            f64(hinges.child_fixed),
+            f64(hinges.child_cos),
+            f64(hinges.child_sin),
+            f64(hinges.child),
+            f64(hinges.twist),
+            f64(hinges.C),
+            f64(hinges.rho),
+            f64(hinges.base),
+            f64(hinges.lo),
+            f64(hinges.hi),
+        )
+    chain = f64(chain_map).reshape(-1, 4, 4)
+    return (i64(src_idx), f64(world_map), *h, i64(ancestor), chain_of_slot, chain, i64(tgt_idx), f64(tpose_local))
 
 
 # Plans and named configurations kept for the next clip (a batch converts many clips of one skeleton onto one
@@ -1532,6 +1620,27 @@ def _plan_for(config: RetargetConfig, target, src_tree: SkeletonTree, source_tpo
     return plan
 
 
+def _local_rotations(plan: _Plan, src_rot: np.ndarray) -> np.ndarray:
+    """``[T, n, 4]`` float64 target local rotations from the source world rotations ``src_rot [T, ns, 4]``: the
+    mapped bodies' world rotations (``world_map``), the hinge projection, then relative to their parents; one
+    compiled pass over the frames where numba imports, else :func:`_local_rotations_numpy` (equal to rounding)."""
+    kernels = _kernels()
+    if kernels is None or not plan.kernel_args or src_rot.dtype not in (np.float32, np.float64):
+        return _local_rotations_numpy(plan, src_rot)
+    local = np.empty((len(src_rot),) + plan.tpose_local.shape)
+    kernels.mapped_local_rotations(np.ascontiguousarray(src_rot), *plan.kernel_args, local)
+    return local
+
+
+def _local_rotations_numpy(plan: _Plan, src_rot: np.ndarray) -> np.ndarray:
+    """:func:`_local_rotations` in numpy array operations (over all frames at once)."""
+    Gs = np.asarray(src_rot[:, plan.source_index], dtype=np.float64).swapaxes(0, 1)  # [M, T, 4]
+    G = _unit(np.swapaxes(Gs @ plan.world_map, 0, 1))  # [T, M, 4]: one small matrix product per body
+    if plan.hinges is not None:
+        _apply_hinges(G, plan.hinges)
+    return plan.local_rotation(G)
+
+
 def retarget_motion(
     source: SkeletonMotion,
     config: RetargetConfig | str,
@@ -1589,11 +1698,7 @@ def retarget_motion(
     src_pos, src_rot = plan.source_kinematics.from_local(
         src.root_translation, src.local_rotation, src.local_translation
     )
-    Gs = np.asarray(src_rot[:, plan.source_index], dtype=np.float64).swapaxes(0, 1)  # [M, T, 4]
-    G = _unit(np.swapaxes(Gs @ plan.world_map, 0, 1))  # [T, M, 4]: one small matrix product per body
-    if plan.hinges is not None:
-        _apply_hinges(G, plan.hinges)
-    local = plan.local_rotation(G)
+    local = _local_rotations(plan, src_rot)
     src_root = np.asarray(src_pos[:, plan.source_root], dtype=np.float64)
     root = plan.target_tpose_root + (src_root - plan.source_tpose_root) @ plan.root_map.T
 
