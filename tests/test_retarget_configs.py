@@ -218,3 +218,107 @@ def test_smpl_clip_onto_the_g1_mjcf_and_urdf_agree(tmp_path):
     assert len(common) == len(lm.body_names)
     diff = np.abs(pm[:, [lm.body_index(n) for n in common]] - pu[:, [lu.body_index(n) for n in common]])
     assert diff.max() < 0.01, diff.max()
+
+
+# -- the other CMU releases onto the CMU humanoid and the G1 (docs/verdicts.md) ------------------------------
+
+CMU_HUMANOID = "mjcf/dm_control/humanoid_CMU.xml"
+
+
+@pytest.fixture(scope="module")
+def cmu_humanoid():
+    desc = ke.asset.MJCFLoader.load(data_file(CMU_HUMANOID))
+    return desc, ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+
+
+def _relative_body_error(src, result, config):
+    """Mean distance (m) per mapped body between the retargeted body and the source joint, both relative to
+    their roots, the source turned by the configuration's ``Q`` and scaled: ``{target body: m}``."""
+    names = src.tree.node_names
+    first = config.trim_frames[0] if config.trim_frames else 0
+    sp = src.global_translation[first : first + result.motion.num_frames].astype(np.float64)
+    tp = result.motion.global_translation.astype(np.float64)
+    pick = {t: next(a for a in k.split("|") if a in names) for k, t in config.joint_mapping.items()}
+    root = sp[:, names.index(pick["root"])]
+    out = {}
+    for target, source in pick.items():
+        want = result.scale * ke.rotations.quat_rotate(config.rotation_wxyz, sp[:, names.index(source)] - root)
+        got = tp[:, result.motion.tree.index(target)] - tp[:, 0]
+        out[target] = float(np.linalg.norm(got - want, axis=-1).mean())
+    return out
+
+
+def _peak_joint_speed(layout, result):
+    """Largest hinge speed (rad/s) of the mapped articulation motion, the quantity ``joint_discontinuity``
+    reads (limit 60 rad/s)."""
+    mapped = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(result.motion, clamp_to_limits=True)
+    return float((np.abs(np.diff(mapped.motion.q[:, 7:], axis=0)) * result.motion.fps).max())
+
+
+def test_cmu_fbx_onto_the_cmu_humanoid_equals_the_bvh_of_the_same_capture(cmu_humanoid):
+    """``cmu_fbx_to_cmu_humanoid`` on the poselib FBX of CMU 01_01 puts every body where
+    ``cmu_bvh_to_cmu_humanoid`` puts it from the cgspeed BVH of the same capture (an independent conversion):
+    the FBX's T-pose frame 0 trimmed, its node frames turned back by the configuration's T-pose rotations."""
+    desc, _ = cmu_humanoid
+    fbx = ke.io.load_fbx(data_file("fbx/01_01_cmu.fbx"))[:361]
+    bvh = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))[1:361]
+    a = ke.retarget.retarget_motion(fbx, "cmu_fbx_to_cmu_humanoid", desc)
+    b = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc)
+    pa, pb = a.motion.global_translation.astype(np.float64), b.motion.global_translation.astype(np.float64)
+    assert pa.shape == pb.shape and a.scale == pytest.approx(b.scale, rel=1e-4)
+    rel = np.linalg.norm((pa - pa[:, :1]) - (pb - pb[:, :1]), axis=-1)
+    assert rel.mean() < 0.001 and rel.max() < 0.01, (rel.mean(), rel.max())
+    # the roots move alike (the two files place the capture's origin differently: one constant shift)
+    shift = pa[:, 0] - pb[:, 0]
+    assert np.abs(shift - shift.mean(0)).max() < 0.005
+
+
+def test_cmu_fbx_walk_onto_the_cmu_humanoid(cmu_humanoid):
+    """CMU 07_01 (subject 07, FBX): the bodies follow the source joints as closely as the cgspeed BVH's do
+    (the model is another subject: 02_01 gives 7 cm over all bodies, 4 cm at the feet), its feet stand on the
+    floor, and no hinge jumps (the thigh twist flips project_hinges gave, 377 rad/s, are gone)."""
+    desc, layout = cmu_humanoid
+    src = ke.io.load_fbx(data_file("fbx/07_01_cmu.fbx"))
+    cfg = ke.retarget.load_retarget_config("cmu_fbx_to_cmu_humanoid")
+    res = ke.retarget.retarget_motion(src, cfg, desc)
+    assert res.motion.num_frames == src.num_frames - 1  # poselib's T-pose frame 0 dropped
+    err = _relative_body_error(src, res, cfg)
+    assert np.mean(list(err.values())) < 0.07 and max(err["lfoot"], err["rfoot"]) < 0.03, err
+    assert all(-35 < a < 0 for a in res.motion.metadata["retarget"]["feet_levelled_deg"].values())
+    assert _peak_joint_speed(layout, res) < 60.0
+
+
+def test_cmu_3dsmax_bvh_onto_the_cmu_humanoid(cmu_humanoid):
+    """CMU 131_01 (the 3dsMax-friendly names, arms down at rest, mixed rotation orders): with the arms raised
+    into the T-pose the wrists follow the source like the feet do (arms left down: 0.6 m off); thumbs unmapped."""
+    desc, layout = cmu_humanoid
+    src = ke.io.load_bvh(data_file("bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"))[:240]
+    cfg = ke.retarget.load_retarget_config("cmu_3dsmax_bvh_to_cmu_humanoid")
+    res = ke.retarget.retarget_motion(src, cfg, desc)
+    err = _relative_body_error(src, res, cfg)
+    assert np.mean(list(err.values())) < 0.08 and max(err["lfoot"], err["rfoot"]) < 0.04, err
+    assert max(err["lwrist"], err["rwrist"]) < 0.12, err
+    assert {"lthumb", "rthumb"} <= set(res.unmapped_target_joints)
+    down = ke.retarget.retarget_motion(src, cfg.replace(source_tpose=ke.retarget.TPoseSpec()), desc)
+    assert _relative_body_error(src, down, cfg)["lwrist"] > 0.4
+    assert _peak_joint_speed(layout, res) < 60.0
+
+
+@pytest.mark.parametrize("name", ["cmu_iclone_bvh_to_g1", "cmu_iclone_bvh_to_cmu_humanoid"])
+def test_cmu_iclone_bvh_onto_the_g1_and_the_cmu_humanoid(name):
+    """CMU 02_03 on the iClone Character Creator rig (CC_Base_* names, cm, no usable rest pose): followed by
+    position on both models, within their joint limits (MuJoCo's ranges), orientations of pelvis and chest
+    within a few degrees."""
+    import mujoco
+
+    src = ke.io.load_bvh(data_file("bvh/cmu/002_03_iclone_cc_run.bvh"))
+    res = ke.retarget.retarget_to_robot(src, name)
+    m = res.metrics
+    assert m["key_body_error_m"]["mean"] < (0.055 if name.endswith("g1") else 0.07), m["key_body_error_m"]
+    assert m["orientation_error_deg"]["mean"] < 5.0 and m["joints_outside_limits"] == 0
+    rel = MJCF if name.endswith("g1") else CMU_HUMANOID
+    model = mujoco.MjModel.from_xml_path(str(data_file(rel)))
+    for b in res.layout.blocks[1:]:
+        lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
+        q = res.motion.q[:, b.q_offset]
+        assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, b.joint_name
