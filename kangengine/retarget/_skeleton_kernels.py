@@ -6,8 +6,10 @@ the numpy paths of :mod:`.skeleton` frame by frame in one call each (no Python l
 
 * :func:`mapped_local_rotations`: source world rotations -> target world rotations (``world_map``) -> hinge
   projection (``_apply_hinges``) -> target local rotations (``_Plan.local_rotation``);
+* :func:`level_pitches`: the feet's sole-levelling pitches (``_level_feet``), applied to the local rotations and
+  to the world poses at and below each foot;
 * :func:`lowest_points`: the lowest point of every collision geom and bare body origin per frame
-  (``_GroundGeoms.lowest``).
+  (``_GroundGeoms.lowest``); :func:`rolling_ground`: its running minimum and mean (``GroundFix.ROLLING_MIN``).
 
 Same formulas in the same order as the numpy paths (rotation matrices from the quaternion's quadratic form, as
 ``_MATRIX`` gives them), so the results equal them to float64 rounding (``~1e-15``; the tests compare both).
@@ -22,7 +24,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["lowest_points", "mapped_local_rotations"]
+__all__ = ["level_pitches", "lowest_points", "mapped_local_rotations", "rolling_ground"]
 
 _PI = math.pi
 _TWO_PI = 2.0 * math.pi
@@ -208,3 +210,274 @@ def lowest_points(
             if v < best:
                 best = v
         low[t] = best
+
+
+@njit(cache=True)
+def _sole_world(pos, rot, point_body, point_local):
+    """``[T, P, 3]`` world positions of the sole points (``point_local [P, 3]`` in their bodies' frames)."""
+    T, P = pos.shape[0], point_body.shape[0]
+    world = np.empty((T, P, 3))
+    for t in range(T):
+        for p in range(P):
+            b = point_body[p]
+            w, x, y, z = rot[t, b, 0], rot[t, b, 1], rot[t, b, 2], rot[t, b, 3]
+            rx, ry, rz = _rotate(w, x, y, z, point_local[p, 0], point_local[p, 1], point_local[p, 2])
+            world[t, p, 0] = pos[t, b, 0] + rx
+            world[t, p, 1] = pos[t, b, 1] + ry
+            world[t, p, 2] = pos[t, b, 2] + rz
+    return world
+
+
+@njit(cache=True)
+def _stance(world, pos, fps, fb, first, last, radius, stance_height, stance_speed):
+    """``[T]`` bool: the frames where the foot (body ``fb``, sole points ``first:last``) stands: its lowest contact
+    within ``stance_height`` of its lowest over the clip, its origin slower than ``stance_speed`` horizontally (the
+    larger of the speeds before and after the frame)."""
+    T = world.shape[0]
+    low = np.empty(T)
+    for t in range(T):
+        m = np.inf
+        for p in range(first, last):
+            m = min(m, world[t, p, 2] - radius[p])
+        low[t] = m
+    floor = low.min()
+    stance = np.zeros(T, dtype=np.bool_)
+    for t in range(T):
+        speed = 0.0
+        if T > 1:
+            a = t if t < T - 1 else T - 2
+            c = t - 1 if t > 0 else 0
+            va = math.hypot(pos[a + 1, fb, 0] - pos[a, fb, 0], pos[a + 1, fb, 1] - pos[a, fb, 1]) * fps
+            vc = math.hypot(pos[c + 1, fb, 0] - pos[c, fb, 0], pos[c + 1, fb, 1] - pos[c, fb, 1]) * fps
+            speed = max(va, vc)
+        stance[t] = (low[t] < floor + stance_height) and (speed < stance_speed)
+    return stance
+
+
+@njit(cache=True)
+def _rear_front(world, pos, stance, inv, fb, toe, first, last):
+    """``(fx, fy, rear, front)``: the walking direction (the principal axis of the sole points about each stance
+    frame's mean, toward the toe) and the rearmost and frontmost sole points along it (mean over the stance
+    frames)."""
+    T, npts = world.shape[0], last - first
+    c00 = c01 = c11 = 0.0
+    toe_x = toe_y = 0.0
+    for t in range(T):
+        if not stance[t]:
+            continue
+        mx = my = 0.0
+        for p in range(first, last):
+            mx += world[t, p, 0] / npts
+            my += world[t, p, 1] / npts
+        s00 = s01 = s11 = 0.0
+        for p in range(first, last):
+            dx, dy = world[t, p, 0] - mx, world[t, p, 1] - my
+            s00 += dx * dx
+            s01 += dx * dy
+            s11 += dy * dy
+        c00 += inv * s00
+        c01 += inv * s01
+        c11 += inv * s11
+        toe_x += inv * (pos[t, toe, 0] - pos[t, fb, 0])
+        toe_y += inv * (pos[t, toe, 1] - pos[t, fb, 1])
+    angle = 0.5 * math.atan2(2.0 * c01, c00 - c11)
+    fx, fy = math.cos(angle), math.sin(angle)
+    if toe_x * fx + toe_y * fy < 0:
+        fx, fy = -fx, -fy
+    rear, front, amin, amax = first, first, np.inf, -np.inf
+    for p in range(first, last):
+        along = 0.0
+        for t in range(T):
+            if stance[t]:
+                along += inv * (world[t, p, 0] * fx + world[t, p, 1] * fy)
+        if along < amin:
+            amin, rear = along, p
+        if along > amax:
+            amax, front = along, p
+    return fx, fy, rear, front
+
+
+@njit(cache=True)
+def _lateral_axis(rot, stance, inv, fb, fx, fy):
+    """The unit lateral axis ``(-fy, fx, 0)`` in the foot frame, the mean over the stance frames of
+    ``R_foot^T lateral`` (the row-vector product ``lateral R``)."""
+    lx, ly = -fy, fx
+    ax = ay = az = 0.0
+    for t in range(rot.shape[0]):
+        if stance[t]:
+            w, x, y, z = rot[t, fb, 0], rot[t, fb, 1], rot[t, fb, 2], rot[t, fb, 3]
+            ax += inv * ((w * w + x * x - y * y - z * z) * lx + 2.0 * (x * y + w * z) * ly)
+            ay += inv * (2.0 * (x * y - w * z) * lx + (w * w - x * x + y * y - z * z) * ly)
+            az += inv * (2.0 * (x * z + w * y) * lx + 2.0 * (y * z - w * x) * ly)
+    norm = max(math.sqrt(ax * ax + ay * ay + az * az), 1e-300)
+    return ax / norm, ay / norm, az / norm
+
+
+@njit(cache=True)
+def _tilt_rows(world, pos, rot, stance, fb, rear, front, radius, ax, ay, az, coef):
+    """Fill ``coef [3, count]`` with the rear-minus-front sole height ``k0 + k1 cos + k2 sin`` of the foot's pitch
+    at each stance frame (see ``skeleton._tilt_coefficients``: ``g`` the world up axis in the foot frame, ``v``
+    the sole point in the foot frame, ``a`` the axis: ``k0 = oz + (g.a)(a.v) - radius``, ``k1 = g.v - (g.a)(a.v)``,
+    ``k2 = v.(g x a)``)."""
+    i = 0
+    for t in range(world.shape[0]):
+        if not stance[t]:
+            continue
+        w, x, y, z = rot[t, fb, 0], rot[t, fb, 1], rot[t, fb, 2], rot[t, fb, 3]
+        gx, gy, gz = 2.0 * (x * z - w * y), 2.0 * (y * z + w * x), w * w - x * x - y * y + z * z
+        ga = gx * ax + gy * ay + gz * az
+        k0 = k1 = k2 = 0.0
+        for q in range(2):
+            p = rear if q == 0 else front
+            ox, oy = world[t, p, 0] - pos[t, fb, 0], world[t, p, 1] - pos[t, fb, 1]
+            oz = world[t, p, 2] - pos[t, fb, 2]
+            vx, vy, vz = _rotate(w, -x, -y, -z, ox, oy, oz)  # R^T (point - origin)
+            va = vx * ax + vy * ay + vz * az
+            sign = 1.0 if q == 0 else -1.0
+            k0 += sign * (ga * va + pos[t, fb, 2] - radius[p])
+            k1 += sign * ((gx * vx + gy * vy + gz * vz) - ga * va)
+            k2 += sign * (vx * (gy * az - gz * ay) + vy * (gz * ax - gx * az) + vz * (gx * ay - gy * ax))
+        coef[0, i], coef[1, i], coef[2, i] = k0, k1, k2
+        i += 1
+
+
+@njit(cache=True)
+def _median_tilt(coef, count, theta, buf):
+    """The median over the ``count`` stance frames of ``k0 + cos(theta) k1 + sin(theta) k2`` (``coef [3, T]``;
+    the mean of the middle pair, as ``np.median``)."""
+    c, s = math.cos(theta), math.sin(theta)
+    for i in range(count):
+        buf[i] = coef[0, i] + c * coef[1, i] + s * coef[2, i]
+    b = np.sort(buf[:count])
+    return 0.5 * (b[(count - 1) // 2] + b[count // 2])
+
+
+@njit(cache=True)
+def _bisect(coef, count, lo, hi, steps, per_call, buf):
+    """``(root, f(lo), f(hi))`` of the median tilt in ``[lo, hi]``: ``skeleton._bisect_rows`` for one row (the same
+    grid points ``lo + (hi - lo) j / 2**per_call`` of each round, evaluated only where the bisection looks), then
+    the zero of the line through the final bracket's ends."""
+    f_lo = _median_tilt(coef, count, lo + (hi - lo) * 0.0, buf)
+    f_hi = _median_tilt(coef, count, lo + (hi - lo) * 1.0, buf)
+    end_lo, end_hi = f_lo, f_hi
+    left = steps
+    while left > 0:
+        kk = min(per_call, left)
+        n = 1 << kk
+        a, b, fa, fb = 0, n, f_lo, f_hi
+        sa = (fa > 0) - (fa < 0)
+        new_lo, new_hi = lo, hi
+        for _ in range(kk):
+            mid = (a + b) >> 1
+            point = lo + (hi - lo) * (mid / n)
+            fm = _median_tilt(coef, count, point, buf)
+            if (fm > 0) - (fm < 0) == sa:
+                a, fa, new_lo = mid, fm, point
+            else:
+                b, fb, new_hi = mid, fm, point
+        lo, hi, f_lo, f_hi = new_lo, new_hi, fa, fb
+        left -= kk
+    tt = f_lo / (f_lo - f_hi) if f_hi != f_lo else 0.5
+    return lo + min(max(tt, 0.0), 1.0) * (hi - lo), end_lo, end_hi
+
+
+@njit(cache=True)
+def _apply_pitch(pos, rot, local, fb, subtree, qw, qx, qy, qz):
+    """``local[:, fb] *= q`` and the world poses at and below body ``fb`` (``subtree [n]``) moved to match: each by
+    ``C = W_fb q W_fb^-1`` about the foot's origin (``W_fb`` itself becomes ``W_fb q``)."""
+    for t in range(pos.shape[0]):
+        local[t, fb, 0], local[t, fb, 1], local[t, fb, 2], local[t, fb, 3] = _qmul(
+            local[t, fb, 0], local[t, fb, 1], local[t, fb, 2], local[t, fb, 3], qw, qx, qy, qz
+        )
+        w, x, y, z = rot[t, fb, 0], rot[t, fb, 1], rot[t, fb, 2], rot[t, fb, 3]
+        aw, ax, ay, az = _qmul(w, x, y, z, qw, qx, qy, qz)
+        cw, cx, cy, cz = _qmul(aw, ax, ay, az, w, -x, -y, -z)
+        ox, oy, oz = pos[t, fb, 0], pos[t, fb, 1], pos[t, fb, 2]
+        for b in range(pos.shape[1]):
+            if not subtree[b]:
+                continue
+            if b == fb:
+                rot[t, b, 0], rot[t, b, 1], rot[t, b, 2], rot[t, b, 3] = aw, ax, ay, az
+                continue
+            rot[t, b, 0], rot[t, b, 1], rot[t, b, 2], rot[t, b, 3] = _qmul(
+                cw, cx, cy, cz, rot[t, b, 0], rot[t, b, 1], rot[t, b, 2], rot[t, b, 3]
+            )
+            dx, dy, dz = _rotate(cw, cx, cy, cz, pos[t, b, 0] - ox, pos[t, b, 1] - oy, pos[t, b, 2] - oz)
+            pos[t, b, 0], pos[t, b, 1], pos[t, b, 2] = ox + dx, oy + dy, oz + dz
+
+
+@njit(cache=True, error_model="numpy")
+def level_pitches(
+    pos,  # [T, n, 3] target body positions, m (updated in place)
+    rot,  # [T, n, 4] target world rotations (updated in place)
+    fps,
+    foot,  # [F] foot bodies
+    toe_or_foot,  # [F]
+    point_body,  # [P]
+    point_local,  # [P, 3]
+    radius,  # [P]
+    start,  # [F + 1]
+    stance_height,
+    stance_speed,
+    pitch_range,
+    steps,
+    per_call,
+    subtree,  # [F, n] bool: the bodies at and below each foot
+    local,  # [T, n, 4] float64 local rotations: each levelled foot's gets its pitch (in place)
+    theta_out,  # out [F] pitch (rad)
+):
+    """``skeleton._level_feet`` for feet that all have toe points (the walking direction toward the toe): per foot,
+    ``theta_out``; returns ``[F]`` int8: 1 where the foot is levelled, else 0. Same steps, same order of operations
+    as the numpy path (see there for what each one does). Each levelled foot's local rotation is multiplied by its
+    pitch (``local * exp(axis theta)``), and the world poses ``pos``, ``rot`` of the bodies at and below it are
+    updated in place to what forward kinematics of the new local rotations gives (the world rotation
+    ``C = W_foot exp(axis theta) W_foot^-1`` about the foot's origin), feet in body order (an ancestor first)."""
+    T, F = pos.shape[0], foot.shape[0]
+    world = _sole_world(pos, rot, point_body, point_local)
+    done = np.zeros(F, dtype=np.int8)
+    axis = np.zeros((F, 3))
+    buf = np.empty(T)
+    coef = np.empty((3, T))
+    for f in range(F):  # every pitch from the poses before any levelling
+        first, last, fb = start[f], start[f + 1], foot[f]
+        stance = _stance(world, pos, fps, fb, first, last, radius, stance_height, stance_speed)
+        count = int(stance.sum())
+        if count < 3 or last - first < 2:
+            continue
+        inv = 1.0 / count
+        fx, fy, rear, front = _rear_front(world, pos, stance, inv, fb, toe_or_foot[f], first, last)
+        ax, ay, az = _lateral_axis(rot, stance, inv, fb, fx, fy)
+        axis[f, 0], axis[f, 1], axis[f, 2] = ax, ay, az
+        _tilt_rows(world, pos, rot, stance, fb, rear, front, radius, ax, ay, az, coef)
+        theta, end_lo, end_hi = _bisect(coef, count, -pitch_range, pitch_range, steps, per_call, buf)
+        theta_out[f] = theta
+        if np.sign(end_lo) != np.sign(end_hi):  # else no level pitch within range: left
+            done[f] = 1
+    for f in np.argsort(foot):  # ancestors first: the later corrections see the earlier ones
+        if done[f]:
+            half = 0.5 * theta_out[f]
+            sh = math.sin(half)
+            _apply_pitch(
+                pos, rot, local, foot[f], subtree[f], math.cos(half), sh * axis[f, 0], sh * axis[f, 1], sh * axis[f, 2]
+            )
+    return done
+
+
+@njit(cache=True, error_model="numpy")
+def rolling_ground(low, width, out):
+    """``out [T]``: the running minimum of ``low [T]`` over ``width`` (odd) frames, then the running mean of that
+    over the same window, the ends repeated (``scipy.ndimage.minimum_filter1d`` then ``uniform_filter1d``, both
+    ``mode="nearest"``; the mean summed directly, equal to scipy's running sum to rounding)."""
+    T = low.shape[0]
+    h = width // 2
+    m = np.empty(T)
+    for i in range(T):
+        v = np.inf
+        for j in range(i - h, i + h + 1):
+            v = min(v, low[min(max(j, 0), T - 1)])
+        m[i] = v
+    for i in range(T):
+        acc = 0.0
+        for j in range(i - h, i + h + 1):
+            acc += m[min(max(j, 0), T - 1)]
+        out[i] = acc / width

@@ -781,6 +781,7 @@ class _Feet:
     radius: np.ndarray  # [P] m (contact z = point z - radius)
     start: np.ndarray  # [F + 1] each foot's first point (``start[F] = P``)
     skipped: Mapping[str, str]  # feet left as they are, and why
+    subtree: np.ndarray | None = None  # [F, n] bool: the bodies at and below each foot
 
     @classmethod
     def from_target(cls, desc, tree: SkeletonTree, pairs) -> _Feet:
@@ -824,7 +825,19 @@ class _Feet:
             radius=np.concatenate(radius) if radius else np.zeros(0),
             start=np.array(start, dtype=np.int64),
             skipped=types.MappingProxyType(skipped),
+            subtree=_subtrees(tree.parent_indices, foot),
         )
+
+
+def _subtrees(parents, roots) -> np.ndarray:
+    """``[R, n]`` bool: the nodes at and below each of ``roots`` in a parent-first tree (``parents [n]``)."""
+    parents = np.asarray(parents)
+    out = np.zeros((len(roots), len(parents)), dtype=bool)
+    for r, root in enumerate(roots):
+        out[r, root] = True
+        for k in range(root + 1, len(parents)):  # parent-first: a node's parent comes before it
+            out[r, k] = parents[k] >= 0 and out[r, parents[k]]
+    return out
 
 
 def _walking_direction(pts: np.ndarray, toe_minus_foot: np.ndarray | None) -> np.ndarray:
@@ -922,6 +935,53 @@ def _bisect_rows(f, lo, hi, *, steps: int, per_call: int) -> tuple[np.ndarray, n
 
 
 def _level_feet(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray, fps: float) -> dict:
+    """:func:`_level_feet_numpy` as one compiled pass (:func:`._skeleton_kernels.level_pitches`) where numba
+    imports and every foot has toe points (its walking direction points at the toe), else the numpy path; the
+    same pitches to rounding."""
+    angles, _ = _level_feet_in_place(feet, pos, rot, local, fps)
+    return angles
+
+
+def _level_feet_in_place(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray, fps: float):
+    """``(angles, poses_current)``: :func:`_level_feet`; where the kernel ran, the world poses ``pos``, ``rot`` at
+    and below each levelled foot are updated in place and ``poses_current`` is True (no forward kinematics
+    needed again); else they are stale where a foot was levelled, and it is False."""
+    kernels = _kernels()
+    nf = len(feet.names)
+    usable = all(
+        isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous and a.flags.writeable
+        for a in (pos, rot, local)
+    )
+    if kernels is None or not nf or not usable or feet.subtree is None or not feet.has_toe_points.all():
+        angles = _level_feet_numpy(feet, pos, rot, local, fps)
+        return angles, not any(angles.values())
+    theta = np.zeros(nf)
+    levelled = kernels.level_pitches(
+        pos,
+        rot,
+        float(fps),
+        feet.foot,
+        feet.toe_or_foot,
+        feet.point_body,
+        feet.point_local,
+        feet.radius,
+        feet.start,
+        _STANCE_HEIGHT,
+        _STANCE_SPEED,
+        _PITCH_RANGE,
+        _PITCH_STEPS,
+        _PITCH_STEPS_PER_CALL,
+        feet.subtree,
+        local,
+        theta,
+    )
+    angles = dict.fromkeys(feet.names, 0.0)
+    for i in np.flatnonzero(levelled).tolist():
+        angles[feet.names[i]] = float(np.degrees(theta[i]))
+    return angles, True
+
+
+def _level_feet_numpy(feet: _Feet, pos: np.ndarray, rot: np.ndarray, local: np.ndarray, fps: float) -> dict:
     """Each foot's constant sole-levelling pitch (see ``RetargetConfig.level_feet``), found from the world poses
     ``pos [T, n, 3]``, ``rot [T, n, 4]`` and applied in place to the local rotations ``local [T, n, 4]`` (all
     float64); returns ``{foot: degrees}`` (the poses at and below a levelled foot are then stale: one more forward
@@ -1394,6 +1454,8 @@ class _Plan:
     feet: _Feet | None  # level_feet on a target with geoms
     ground: _GroundGeoms | None  # the target's collision geoms (None: none, or no desc)
     kernel_args: tuple = ()  # the constant arguments of _skeleton_kernels.mapped_local_rotations after src_rot
+    mapped_names: tuple[str, ...] = ()  # names of the mapped target bodies (``mapped_index``)
+    unmapped_names: tuple[str, ...] = ()  # and of the others
 
     def local_rotation(self, G: np.ndarray) -> np.ndarray:
         """``[T, n, 4]`` target local rotations from the mapped bodies' world rotations ``G [T, M, 4]``: unmapped
@@ -1515,6 +1577,8 @@ def _build_plan(config: RetargetConfig, tgt: _Target, src_tree: SkeletonTree, so
         target_tpose_root=np.asarray(target_tpose.root_translation, dtype=np.float64),
         feet=feet,
         ground=_GroundGeoms.from_desc(tgt.desc) if tgt.desc is not None else None,
+        mapped_names=tuple(tgt_names[k] for k in tgt_idx),
+        unmapped_names=tuple(n for n, m in zip(tgt_names, mapped) if not m),
         kernel_args=_kernel_args(src_idx, world_map, hinges, ancestor, chain_slot, chain_map, tgt_idx, tpose_local),
     )
 
@@ -1567,17 +1631,23 @@ _PLANS_MAX = 8
 _CONFIGS: dict = {}
 _CONFIGS_MAX = 32
 _CACHE_LOCK = threading.Lock()
+_SHIPPED_PATHS: dict = {}  # shipped configuration name -> its file's absolute path
 
 
 def _named_config(name: str) -> RetargetConfig:
     """:func:`load_retarget_config`, kept while the file is unchanged (modification time and size)."""
-    p = Path(name)
-    f = p if p.suffix == ".json" and p.is_file() else _CONFIG_DIR / f"{name}.json"
+    if name.endswith(".json"):  # a file of the user's (relative to the working directory) or a shipped name
+        p = Path(name)
+        f = os.path.abspath(p if p.suffix == ".json" and p.is_file() else _CONFIG_DIR / f"{name}.json")
+    else:  # a shipped name: its file, without pathlib's per-call cost
+        f = _SHIPPED_PATHS.get(name)
+        if f is None:
+            f = _SHIPPED_PATHS.setdefault(name, os.path.abspath(_CONFIG_DIR / f"{name}.json"))
     try:
-        st = f.stat()
+        st = os.stat(f)
     except OSError:
         return load_retarget_config(name)  # raises, naming the shipped configurations
-    key = (name, os.path.abspath(f), st.st_mtime_ns, st.st_size)
+    key = (name, f, st.st_mtime_ns, st.st_size)
     with _CACHE_LOCK:
         config = _CONFIGS.get(key)
     if config is None:
@@ -1620,6 +1690,20 @@ def _plan_for(config: RetargetConfig, target, src_tree: SkeletonTree, source_tpo
     return plan
 
 
+def _rolling_ground(low: np.ndarray, width: int) -> np.ndarray:
+    """``[T]`` m: the running minimum of the lowest points ``low [T]`` over ``width`` (odd) frames, then its running
+    mean over the same window, the ends repeated (``GroundFix.ROLLING_MIN``; scipy's ``minimum_filter1d`` and
+    ``uniform_filter1d`` with ``mode="nearest"``, or one compiled pass equal to them to rounding)."""
+    kernels = _kernels()
+    if kernels is None:
+        from scipy.ndimage import minimum_filter1d, uniform_filter1d
+
+        return uniform_filter1d(minimum_filter1d(low, width, mode="nearest"), width, mode="nearest")
+    out = np.empty(len(low))
+    kernels.rolling_ground(np.ascontiguousarray(low, dtype=np.float64), int(width), out)
+    return out
+
+
 def _local_rotations(plan: _Plan, src_rot: np.ndarray) -> np.ndarray:
     """``[T, n, 4]`` float64 target local rotations from the source world rotations ``src_rot [T, ns, 4]``: the
     mapped bodies' world rotations (``world_map``), the hinge projection, then relative to their parents; one
@@ -1628,7 +1712,8 @@ def _local_rotations(plan: _Plan, src_rot: np.ndarray) -> np.ndarray:
     if kernels is None or not plan.kernel_args or src_rot.dtype not in (np.float32, np.float64):
         return _local_rotations_numpy(plan, src_rot)
     local = np.empty((len(src_rot),) + plan.tpose_local.shape)
-    kernels.mapped_local_rotations(np.ascontiguousarray(src_rot), *plan.kernel_args, local)
+    # float64 in: one compiled specialisation (the numpy path converts the mapped rows to float64 likewise)
+    kernels.mapped_local_rotations(np.ascontiguousarray(src_rot, dtype=np.float64), *plan.kernel_args, local)
     return local
 
 
@@ -1683,7 +1768,8 @@ def retarget_motion(
                 f"configuration {config.name!r} names no shipped target model; pass target=", item="target"
             )
         target = config.target_model_path()
-    src = source.numpy()
+    arrays = (source.root_translation, source.local_rotation, source.local_translation)
+    src = source if all(a is None or isinstance(a, np.ndarray) for a in arrays) else source.numpy()
     dtype = src.local_rotation.dtype if src.local_rotation.dtype in (np.float32, np.float64) else np.float64
     if config.trim_frames is not None:
         b, e = config.trim_frames
@@ -1713,9 +1799,9 @@ def retarget_motion(
     pos = rot = None  # the target's world poses, once computed
     if config.level_feet and plan.feet is not None:
         pos, rot = tgt.tree.kinematics.from_local(root, local)
-        levelled = _level_feet(plan.feet, pos, rot, local, src.fps)
+        levelled, current = _level_feet_in_place(plan.feet, pos, rot, local, src.fps)
         meta["retarget"]["feet_levelled_deg"] = levelled
-        if any(levelled.values()):  # the feet and what hangs below them moved
+        if not current:  # the feet and what hangs below them moved
             pos = None
         if plan.feet.skipped:
             meta["retarget"]["feet_not_levelled"] = dict(plan.feet.skipped)
@@ -1732,10 +1818,7 @@ def retarget_motion(
         else:
             low = pos[..., 2].min(axis=1)
         if config.ground_fix is GroundFix.ROLLING_MIN:
-            from scipy.ndimage import minimum_filter1d, uniform_filter1d
-
-            width = max(1, int(round(config.ground_window_s * src.fps)) | 1)
-            shift = -uniform_filter1d(minimum_filter1d(low, width, mode="nearest"), width, mode="nearest")
+            shift = -_rolling_ground(low, max(1, int(round(config.ground_window_s * src.fps)) | 1))
         else:
             shift = -float(low.min() if config.ground_fix is GroundFix.CLIP_MIN else low[0])
     shift = shift + config.root_height_offset
@@ -1744,15 +1827,14 @@ def retarget_motion(
     motion = SkeletonMotion(
         tgt.tree, root.astype(dtype, copy=False), local.astype(dtype, copy=False), src.fps, metadata=meta
     )
-    tgt_names = tgt.tree.node_names
     return RetargetResult(
         motion=motion,
         source_tpose=plan.source_tpose,
         target_tpose=plan.target_tpose,
         scale=plan.scale,
         ground_shift=shift,
-        mapped_target_joints=tuple(tgt_names[k] for k in plan.mapped_index),
-        unmapped_target_joints=tuple(n for n, m in zip(tgt_names, plan.mapped) if not m),
+        mapped_target_joints=plan.mapped_names,
+        unmapped_target_joints=plan.unmapped_names,
         rigid_target_joints=plan.rigid,
         projected_joints=plan.projected,
     )
