@@ -451,7 +451,9 @@ class SkeletonMotion(SkeletonState):
     def resample(self, fps: float) -> SkeletonMotion:
         """The motion at another frame rate over the same duration (lerp positions, slerp rotations).
 
-        Frame ``k`` of the result is at time ``k / fps``; the last one is the last time <= duration.
+        Frame ``k`` of the result is at time ``k / fps``; the last one is the last time <= duration. A frame that
+        falls on a source frame (every frame when the source rate is a multiple of ``fps``: 120 -> 30) is that
+        frame as it is; only the frames between two source frames are interpolated.
         """
         fps = float(fps)
         if not (math.isfinite(fps) and fps > 0):
@@ -469,7 +471,14 @@ class SkeletonMotion(SkeletonState):
             a = torch.as_tensor(a, dtype=lr.dtype, device=lr.device)
         else:
             a = a.astype(lr.dtype)
-        rot = R.quat_slerp(lr[i0], lr[i1], a[:, None])
+        between = a != 0
+        if _is_torch(lr) or between.all():
+            rot = R.quat_slerp(lr[i0], lr[i1], a[:, None])
+        else:  # frames on source frames are gathered (slerp at 0 gives them to rounding), the others slerped
+            rot = lr[i0]
+            k = np.flatnonzero(between)
+            if len(k):
+                rot[k] = R.quat_slerp(lr[i0[k]], lr[i1[k]], a[k][:, None])
         root = rt[i0] + (rt[i1] - rt[i0]) * a[:, None]
         loc = None if lt is None else lt[i0] + (lt[i1] - lt[i0]) * a[:, None, None]
         meta = dict(self.metadata)
