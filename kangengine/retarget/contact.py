@@ -139,6 +139,7 @@ def held_sole_targets(
     toe_down=None,
     hold_radius: float = HOLD_RADIUS_M,
     yaw=None,
+    pivot: bool = False,
 ):
     """Sole targets of the robot foot held at one place per phase, and their weights.
 
@@ -166,6 +167,10 @@ def held_sole_targets(
             robot foot never slides more than the source's does and never lags it by more than this.
         yaw: ``[phases]`` rad or ``None``: the heading of the held foot in each phase (its x axis from world +X
             about +Z) instead of the source foot's mean heading (the solver's choice, :func:`phase_yaw`).
+        pivot: the held foot turns with the source foot within a phase, frame by frame, about its sole centre
+            (a pivot or a twist on the spot is followed without sliding the sole centre); the released points'
+            own motion is then the source's less the turn's. ``yaw`` then sets each phase's mean heading, the
+            turns kept about it.
     Returns:
         ``(targets [frames, points, 3] m world, weight [frames, points] in [0, 1])``.
     """
@@ -182,37 +187,134 @@ def held_sole_targets(
     by = inside & held_heel
     has = np.bincount(pid[by], minlength=k) > 0
     by = by | (inside & ~has[pid.clip(0)])
-    cnt = np.bincount(pid[by], minlength=k).astype(np.float64).clip(1.0)
-    origin = np.stack([np.bincount(pid[by], heel_world[by, i], minlength=k) for i in range(3)], -1)
-    origin /= cnt[:, None]
-    fwd = np.stack([np.bincount(pid[inside], foot_forward_world[inside, i], minlength=k) for i in range(2)], -1)
-    yaw = np.arctan2(fwd[:, 1], fwd[:, 0]) if yaw is None else np.asarray(yaw, dtype=np.float64)
-    origin[:, 2] = ground - sole[:, 2].min()  # flat sole on the floor
+    anchors = _group_anchors(sole, rear)
+    if pivot:
+        origin_xy, heading = _pivot_placement(phases, heel_world, foot_forward_world, by, anchors[2])
+        origin_xy += _drift_of(pid, by, heel_world[:, :2] - origin_xy, hold_radius)
+        if yaw is not None:  # the solver's heading per phase: the source's turns within it kept about it
+            mean = _phase_mean_angle(pid, inside, heading, k)
+            heading = heading + np.where(inside, (np.asarray(yaw, dtype=np.float64) - mean)[pid.clip(0)], 0.0)
+    else:
+        cnt = np.bincount(pid[by], minlength=k).astype(np.float64).clip(1.0)
+        origin = np.stack([np.bincount(pid[by], heel_world[by, i], minlength=k) for i in range(2)], -1)
+        origin /= cnt[:, None]
+        fwd = np.stack([np.bincount(pid[inside], foot_forward_world[inside, i], minlength=k) for i in range(2)], -1)
+        yaw = np.arctan2(fwd[:, 1], fwd[:, 0]) if yaw is None else np.asarray(yaw, dtype=np.float64)
+        origin_xy, heading = origin[pid.clip(0)], yaw[pid.clip(0)]
+    origin_z = ground - sole[:, 2].min()  # flat sole on the floor
     targets = np.zeros((n, sole.shape[0], 3))
     weight = np.zeros((n, sole.shape[0]))
     toe_world = heel_world if toe_world is None else toe_world
-    for cols, mask, src in ((rear, held_heel, heel_world), (~rear, held_toe, toe_world)):  # two point groups
+    frame = np.arange(n)
+    groups = ((rear, held_heel, heel_world, anchors[0]), (~rear, held_toe, toe_world, anchors[1]))
+    for cols, mask, src, anchor in groups:  # two point groups
         if not cols.any():
             continue
         grp = ContactPhases(mask, np.where(mask, pid, -1), phases.starts, phases.ends)
         near, dist = _nearest_contact(grp)
-        p = pid[near]
+        at = np.where(inside, frame, near)  # the frame whose held placement a frame's targets take
         ramp = np.clip(1.0 - dist / max(blend_frames, 1.0), 0.0, 1.0)
         w = np.where(mask, 1.0, ramp * ramp * (3.0 - 2.0 * ramp))  # smoothstep: no kink where it starts
-        c, s = np.cos(yaw[p]), np.sin(yaw[p])
+        c, s = np.cos(heading[at]), np.sin(heading[at])
         pts = sole[cols]
         rx = c[:, None] * pts[None, :, 0] - s[:, None] * pts[None, :, 1]
         ry = s[:, None] * pts[None, :, 0] + c[:, None] * pts[None, :, 1]
-        held = np.stack([rx, ry, np.broadcast_to(pts[None, :, 2], rx.shape)], -1) + origin[p][:, None, :]
+        z = np.broadcast_to(pts[None, :, 2] + origin_z, rx.shape)
+        held = np.stack([rx + origin_xy[at, None, 0], ry + origin_xy[at, None, 1], z], -1)
         # released: the source's own motion since (or until) the nearest frame this group is held
         move = np.where(mask[:, None], 0.0, (src - src[near]))
-        move[:, :2] += _drift(pid, mask, src, hold_radius)[near]  # held where the foot is (or was last) held
-        move = move[:, None, :]
-        tg = held + move
+        if pivot:  # less what the held placement itself moved there (the turn is in it already)
+            turned = _anchor_world(origin_xy, heading, anchor, at) - _anchor_world(origin_xy, heading, anchor, near)
+            move[:, :2] -= turned
+        else:
+            move[:, :2] += _drift(pid, mask, src, hold_radius)[near]  # held where the foot is (or was last) held
+        tg = held + move[:, None, :]
         tg[..., 2] = np.maximum(tg[..., 2], held[..., 2])
         targets[:, cols] = tg
         weight[:, cols] = w[:, None]
     return targets, weight
+
+
+def _group_anchors(sole: np.ndarray, rear: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rear, front, centre)`` ``[2]`` m: the centres of the rear sole points, of the others and of all, in the
+    foot frame (a group without points: the centre)."""
+    centre = sole[:, :2].mean(0)
+    back = sole[rear, :2].mean(0) if rear.any() else centre
+    front = sole[~rear, :2].mean(0) if (~rear).any() else centre
+    return back, front, centre
+
+
+def _rotate_xy(heading: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``[N, 2]``: ``v [N, 2]`` (or ``[2]``) turned by ``heading [N]`` rad about +Z."""
+    c, s = np.cos(heading), np.sin(heading)
+    v = np.broadcast_to(v, (heading.shape[0], 2))
+    return np.stack([c * v[:, 0] - s * v[:, 1], s * v[:, 0] + c * v[:, 1]], -1)
+
+
+def _anchor_world(origin_xy, heading, anchor, at) -> np.ndarray:
+    """``[N, 2]`` m: where the foot point ``anchor [2]`` (foot frame) is at the held placement of frames ``at``."""
+    return origin_xy[at] + _rotate_xy(heading[at], anchor)
+
+
+def _phase_mean_angle(pid, inside, angle, k: int) -> np.ndarray:
+    """``[phases]`` rad: the circular mean of ``angle [frames]`` over each phase."""
+    s = np.bincount(pid[inside], np.sin(angle[inside]), minlength=k)
+    c = np.bincount(pid[inside], np.cos(angle[inside]), minlength=k)
+    return np.arctan2(s, c)
+
+
+def _pivot_placement(phases, heel_world, forward_world, by, centre):
+    """``(origin [frames, 2] m, heading [frames] rad)``: the held foot's place and heading per frame in the
+    phases (zero outside), turning with the source foot frame by frame about its sole centre.
+
+    The heading is the source foot's (``forward_world [frames, 3]``), unwrapped within each phase; between two
+    frames of a phase the foot turns about ``centre [2]`` (m, foot frame), so the sole centre, where the slide
+    is measured, stays put (a turn about the held toe points followed CMU 131_01's pivots on the ball of the
+    foot closer, 2.70 cm key-body mean instead of 2.72, but carried the sole centre 9.2 cm in a phase of 01_01,
+    more than the per-frame mink baseline's 8.4). The origin path is the running sum of those turns, put so that
+    its mean over the frames ``by [frames]`` (the heel held) is the source heel's mean there
+    (``heel_world [frames, 3]``).
+    """
+    n = heel_world.shape[0]
+    pid = phases.phase_id
+    k = phases.num_phases
+    raw = np.arctan2(forward_world[:, 1], forward_world[:, 0])
+    same = np.zeros(n, dtype=bool)  # frame t and t + 1 in the same phase
+    same[:-1] = (pid[:-1] >= 0) & (pid[:-1] == pid[1:])
+    step = np.zeros(n)
+    step[1:] = np.where(same[:-1], np.angle(np.exp(1j * (raw[1:] - raw[:-1]))), 0.0)
+    run = np.cumsum(step)
+    start = phases.starts[pid.clip(0)]
+    heading = np.where(pid >= 0, raw[start] + run - run[start], 0.0)
+    # turning from t to t + 1 about the centre: the origin moves by R(h_t) c - R(h_t+1) c
+    shift = np.zeros((n, 2))
+    turn = _rotate_xy(heading[:-1], centre) - _rotate_xy(heading[1:], centre)
+    shift[1:] = np.where(same[:-1, None], turn, 0.0)
+    path = np.cumsum(shift, 0)
+    path = path - path[start]
+    cnt = np.bincount(pid[by], minlength=k).astype(np.float64).clip(1.0)
+    d = heel_world[:, :2] - path
+    offset = np.stack([np.bincount(pid[by], d[by, i], minlength=k) for i in range(2)], -1) / cnt[:, None]
+    inside = (pid >= 0)[:, None]
+    return np.where(inside, path + offset[pid.clip(0)], 0.0), heading
+
+
+def _drift_of(pid, by, residual, radius: float) -> np.ndarray:
+    """``[frames, 2]`` m: the part of ``residual [frames, 2]`` (the source heel less the held origin, mean zero
+    over the frames ``by`` of each phase) beyond ``radius``, on the frames ``by``; the other frames of a phase
+    take it from the nearest frame ``by`` of their phase (zero outside the phases)."""
+    d = np.where(by[:, None], residual, 0.0)
+    r = np.linalg.norm(d, axis=-1, keepdims=True)
+    ex = d * np.clip(1.0 - radius / np.maximum(r, 1e-12), 0.0, None)
+    n = pid.shape[0]
+    idx = np.arange(n)
+    prev = np.maximum.accumulate(np.where(by, idx, -1))
+    nxt = np.minimum.accumulate(np.where(by, idx, n)[::-1])[::-1]
+    ok_prev = (prev >= 0) & (pid[prev.clip(0)] == pid)
+    ok_next = (nxt < n) & (pid[nxt.clip(max=n - 1)] == pid)
+    use_prev = ok_prev & (~ok_next | (idx - prev <= nxt - idx))
+    near = np.where(use_prev, prev, np.where(ok_next, nxt, idx)).clip(0, n - 1)
+    return np.where(((pid >= 0) & (ok_prev | ok_next))[:, None], ex[near], 0.0)
 
 
 def phase_yaw(phases: ContactPhases, forward_world, weight=None) -> np.ndarray:

@@ -267,6 +267,8 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
                 "blend_frames": opts.blend_s * fps,
                 "heel_down": heel_down,
                 "toe_down": toe_down,
+                "pivot": bool(cfg.solver.held_pivot),
+                "hold_radius": float(cfg.solver.hold_radius_m),
             },
         )
         holds.append(hold)

@@ -239,6 +239,7 @@ _INT_SOLVER_KEYS = (
     "smoothing_reuse",
     "smoothing_filter_only",
     "held_yaw_from_solve",
+    "held_pivot",
     "limit_round",
 )
 
@@ -266,6 +267,10 @@ class SolverOptions:
             pass holds the soles' height only (their horizontal place weakly) and each phase's foot is then held
             at the mean heading the robot foot took there (one heading per phase, the legs' choice: the G1 has
             no ankle yaw, its knee can only follow a source knee turning over a straight foot by turning the foot).
+        held_pivot: 1: a held foot turns with the source foot within a phase, frame by frame, about its sole
+            centre (a pivot or a twist on the spot, without sliding the sole centre); 0: one heading per phase.
+        hold_radius_m: m, how far the source heel may wander within a contact phase before the held sole
+            follows it by the excess (:func:`.contact.held_sole_targets`).
         key_weight_floor_m, key_weight_peak_m: m, after the coarse pass each key-body point's weight is rescaled
             per frame by its error ``e`` there: ``clamp(key_weight_floor_m / e, 1, 3)`` (small errors count
             more, so the squares weigh like the distances the mean error adds up) times
@@ -301,6 +306,8 @@ class SolverOptions:
     smoothing_filter_only: int = 0
     contact_weight: float = 20.0
     held_yaw_from_solve: int = 0
+    held_pivot: int = 0
+    hold_radius_m: float = 0.02
     key_weight_floor_m: float = 0.0
     key_weight_peak_m: float = 0.0
     orient_weight_floor_rad: float = 0.0
