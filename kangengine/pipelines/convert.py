@@ -263,10 +263,9 @@ def config_kind(config: str | os.PathLike) -> str:
     from ..retarget import list_retarget_configs, list_robot_configs
 
     name = os.fspath(config)
-    if name in list_robot_configs():
-        return "robot"
-    if name in list_retarget_configs():
-        return "skeleton"
+    kind = _shipped_kinds().get(name)
+    if kind is not None:
+        return kind
     p = Path(name)
     if p.suffix.lower() == ".json" or p.is_file():
         d = read_json(p, kind="retarget configuration")
@@ -285,6 +284,33 @@ def config_kind(config: str | os.PathLike) -> str:
         f"robot configurations: {', '.join(list_robot_configs())}",
         item="config",
     )
+
+
+_SHIPPED_KINDS: list = [None, {}]  # [signature of the shipped configuration files, {name: kind}]
+
+
+def _shipped_kinds() -> dict[str, str]:
+    """``{shipped configuration name: "robot" | "skeleton"}`` (:func:`kangengine.retarget.list_robot_configs`
+    first, then :func:`~kangengine.retarget.list_retarget_configs`), kept while the configuration folder's
+    ``*.json`` files keep their names, sizes and modification times (a listing reads and parses every file:
+    about a millisecond a batch, and twice)."""
+    from importlib.resources import files
+
+    from ..retarget import list_retarget_configs, list_robot_configs
+
+    folder = os.fspath(files("kangengine.retarget") / "configs")
+    try:
+        with os.scandir(folder) as it:
+            signature = sorted(
+                (e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(".json")
+            )
+    except OSError:
+        signature = None
+    if signature is None or signature != _SHIPPED_KINDS[0]:
+        kinds = dict.fromkeys(list_retarget_configs(), "skeleton")
+        kinds.update(dict.fromkeys(list_robot_configs(), "robot"))  # a name of both kinds is a robot one
+        _SHIPPED_KINDS[:] = [signature, kinds]
+    return _SHIPPED_KINDS[1]
 
 
 def _is_config(value: str) -> bool:
