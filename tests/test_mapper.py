@@ -1255,7 +1255,7 @@ def test_fused_kernel_is_kept_on_disk_and_refuses_wrong_arrays(tmp_path, monkeyp
             state = kern.new_state()
             run = kern.bind(L, rt, q, qd, flip, state, 60.0)
             assert run(0, 300, 0) == 0 and run(300, 600, 0) == 0
-            flip = kern.body(state, "total") - 2.0 * kern.body(state, "on") < 0
+            flip = kern.body(state, "diff") < 0
         outs.append((q, qd, state))
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
@@ -1277,3 +1277,72 @@ def test_fused_kernel_is_kept_on_disk_and_refuses_wrong_arrays(tmp_path, monkeyp
         kern.bind(L, rt, q[:, :-1], qd, np.zeros(23, dtype=bool), state, 60.0)
     with pytest.raises(ShapeError, match="FusedKernel"):
         kern.bind(L, rt, q, qd, np.zeros(23, dtype=bool), state, 60.0)(0, 601, 0)
+
+
+@needs_native
+def test_fused_pass_shortcuts_with_offset_limits_and_reference_angles(tmp_path):
+    """The fused pass's float32 shortcut (no turn so far: the placed value ``t + ref`` in float32, the limit count
+    skipped only where ``[-pi, pi] + ref`` lies within the limits) on a humanoid where a knee and a wrist have
+    limits ``[-2, 2 pi - 2]`` (angles below -2 rad count) and a hip and an elbow have reference angles (``ref =
+    0.5``, a float32, in the first chunk of 16 bodies; ``0.3``, not one, in the second: that chunk always rounds
+    in float64), with swings past the limits and no turns (every frame takes the shortcut where it may):
+    q against the numpy reference path, the float64 mapping and the generating rotations; the limit summary
+    against a brute-force count over the returned q."""
+    import re
+
+    text = data_file("mjcf/protomotions/smpl_humanoid.xml").read_text()
+    text = text.replace('<compiler coordinate="local" />', '<compiler coordinate="local" angle="radian" />')
+    text = re.sub(r'range="-180\.0000 180\.0000"', f'range="{-np.pi!r} {np.pi!r}"', text)
+    for name, extra in (("L_Knee_x", None), ("R_Wrist_z", None), ("L_Hip_x", "0.5"), ("R_Elbow_y", "0.3")):
+        pattern = f'(<joint name="{name}" [^>]*?)range="[^"]*"'
+        new = f'range="-2.0 {2 * np.pi - 2.0!r}"' if extra is None else f'ref="{extra}" range="{-np.pi!r} {np.pi!r}"'
+        text, count = re.subn(pattern, lambda m, new=new: m.group(1) + new, text)
+        assert count == 1, name
+    path = tmp_path / "smpl_offset_limits.xml"
+    path.write_text(text)
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(path), free_root=True)
+    mapper = ArticulationMotionMapper(layout)
+    assert mapper._native_fused(np.dtype(np.float32)) is not None
+    refs = mapper._fused_spec["refs"]
+    assert sorted(set(np.round(refs.ravel(), 6))) == [0.0, 0.3, 0.5]
+    fps, n = 30.0, 5000
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(4)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 0:3] = np.stack([np.sin(t), 0.8 * t, 0.9 + 0.05 * np.cos(3 * t)], axis=-1)
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(np.sin(0.2 * t), [0.1, -0.2, 1.1]))
+    for b in layout.blocks:  # no turns: the shortcut's frames throughout
+        if b.joint_type is JointType.HINGE:
+            q[:, b.q_offset] = rng.uniform(0.2, 0.6) * np.sin(rng.uniform(0.3, 1.5) * t + rng.uniform(0, 6))
+    for name, swing, ref in (
+        ("L_Knee_x", 2.7, 0.0),
+        ("R_Wrist_z", 2.4, 0.0),
+        ("L_Hip_x", 2.9, 0.5),
+        ("R_Elbow_y", 1.2, 0.3),
+    ):
+        q[:, layout.blocks[layout.joint_names.index(name)].q_offset] = ref + swing * np.sin(0.7 * t + 1.0)
+    motion = _motion_of(mapper, q, fps, np.float32)
+    out = mapper.to_articulation_motion(motion).motion
+    mapper.use_native = False
+    ref = mapper.to_articulation_motion(motion).motion
+    mapper.use_native = True
+    m64 = mapper.to_articulation_motion(_motion_of(mapper, q, fps, np.float64)).motion
+    got = out.q.astype(np.float64)
+    assert np.abs(got - ref.q).max() < 1e-4
+    assert np.abs(got - m64.q).max() <= np.abs(ref.q - m64.q).max() + 1e-6  # as close to the float64 mapping
+    _, r0 = forward_kinematics(layout, q)
+    _, r1 = forward_kinematics(layout, got)
+    assert R.quat_angle_between(r0, r1).max() < 3e-4
+    summary = out.metadata["mapper"]
+    want = {}
+    for b in layout.blocks:
+        if b.joint_type is JointType.HINGE:
+            col = got[:, b.q_offset]
+            over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
+            if over.max() > 1e-6:
+                want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    assert {"L_Knee_x", "R_Wrist_z", "L_Hip_x"} <= set(want)
+    assert set(summary["limit_violation_dofs"]) == set(sorted(want, key=lambda k: -want[k][0])[:10])
+    for name, v in summary["limit_violation_dofs"].items():
+        assert v["max"] == pytest.approx(want[name][0], abs=1e-12) and v["fraction"] == want[name][1]
+    assert summary["limit_violation_dofs"].keys() == ref.metadata["mapper"]["limit_violation_dofs"].keys()

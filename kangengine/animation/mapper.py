@@ -1251,7 +1251,7 @@ class ArticulationMotionMapper:
         for _ in range(2):
             state = kern.new_state()
             redo = self._fused_pass(kern, g, L, rt, q, qd, flip, state, fps, redo, scratch)
-            want = kern.body(state, "total") - 2.0 * kern.body(state, "on") < 0  # track 1 is cheaper
+            want = kern.body(state, "diff") < 0  # track 1 is cheaper
             if np.array_equal(want, flip):
                 break
             flip = want

@@ -5,7 +5,7 @@ Three kernels, each reading the local quaternions once:
 * :func:`fused_ir` (the SMPL humanoid: a free root plus one group of x/y/z hinge triplets and nothing else in q):
   every output of a motion in one pass per frame block: Euler angles, the branch tests, the chosen track
   unwrapped plus ``ref`` into ``q``, central-difference ``qd`` (frame ``t - 2`` read back from ``q``), the root's
-  translation, unit quaternion and velocities, and the running track sums, min/max, limit counts and non-finite
+  translation, unit quaternion and velocities, and the running track sum, min/max, limit counts and non-finite
   flags (see :meth:`ArticulationMotionMapper._map_fused
   <kangengine.animation.mapper.ArticulationMotionMapper._map_fused>`);
 * :func:`euler_block_ir`: the angles, the cost difference of the two branches and the branch-crossing flag of
@@ -629,7 +629,7 @@ def place_kernel(dtype, k: int, q0: int, hinge_body, hinge_kind, phis, refs):
 
 # -- the fused pass: every output of a motion on the SMPL-like layout in one pass over the frames -------------
 
-_BODY_SLOTS = ("t1", "alpha", "t3", "parity", "total", "on")  # per body: branch 0 of the frame before, tracks
+_BODY_SLOTS = ("t1", "alpha", "t3", "parity", "diff")  # per body: branch 0 of the frame before, track sums
 _HINGE_SLOTS = ("prev", "turns", "min", "max", "count")  # per (body, hinge)
 _NONFINITE_SLOT = len(_BODY_SLOTS) + 3 * len(_HINGE_SLOTS)
 _ROOT_SLOTS = 6  # normalised root quaternion of the frame before (4), its sign, the non-finite flag
@@ -662,10 +662,18 @@ def fused_ir(
     unwrapped against the frame before plus ``ref``; the root translation and sign-continuous unit quaternion;
     and ``qd`` of the frame before (central differences from frame ``t - 2`` read back from ``q``; the root's
     angular velocity as the rotation vector of ``Q[t+1] Q[t-1]^-1``), while it keeps the track parity and
-    branch-decision sums, the unwrapping turns, min and max of each hinge, the count of frames more than ``1e-6``
+    branch-decision sum, the unwrapping turns, min and max of each hinge, the count of frames more than ``1e-6``
     beyond its limits and a non-finite flag (the state, float64, carried across calls). The frame range is walked
     once per chunk of bodies and once for the root (8 frames per vector), so each loop's running values stay in
     vector registers.
+
+    Work the common frame does not need is branched around, per chunk and frame (each branch taken or not for
+    all lanes; the results are those of the full computation): branch 1 is formed only when a lane takes it; the
+    crossing test proper runs only when a lane's outer angles step by more than 1.5 rad (it cannot hold below);
+    in float32 arithmetic, while no lane has turned and no lane steps by 3 rad, the placed value is ``t + ref``
+    in float32 (the value the float64 sum rounds to) and the limit count is left alone where ``[-pi, pi] + ref``
+    lies within the limits. For Tait-Bryan orders away from gimbal lock (``|t2| < pi/2 - 1e-3``, else the range
+    is redone) the branch cost and ``alpha`` need no wrapping (:meth:`_FusedEmitter.branch_tests`).
 
     ``bodies [k]``, ``qcols``/``vcols [k, 3]`` the q and qd columns of each body's hinges, ``order``/``signs``/
     ``phi``/``weight`` as :func:`euler_block_ir`, ``limits [k, 3, 2]`` (lower, upper; +-inf when unlimited),
@@ -732,19 +740,25 @@ class _FusedEmitter:
         float32 arithmetic ``rounding`` +1 / -1 rounds each value up / down to float32 (``x < c`` for a float32
         ``x`` is then ``x < ceil32(c)`` exactly, ``x > c`` is ``x > floor32(c)``)."""
         B = builder or self.B
+        return self.ir.Constant(
+            B.V, self.lane_values(ch, table, *index, offset=offset, single=B.single, rounding=rounding)
+        )
+
+    def lane_values(self, ch, table, *index, offset=0.0, single=False, rounding=0):
+        """The floats of :meth:`lane_consts`."""
         out = []
         for j in (ch[min(x, len(ch) - 1)] for x in range(self.W)):
             v = table[j]
             for i in index:
                 v = v[i]
             v = float(v) + offset
-            if B.single and rounding and math.isfinite(v):
+            if single and rounding and math.isfinite(v):
                 v32 = np.float32(v)
                 if (rounding > 0 and float(v32) < v) or (rounding < 0 and float(v32) > v):
                     v32 = np.nextafter(v32, np.float32(rounding * np.inf))
                 v = float(v32)
             out.append(v)
-        return self.ir.Constant(B.V, out)
+        return out
 
     def padded_load(self, base, offset, m, ty):  # m contiguous values, the last repeated into the unused lanes
         B = self.B
@@ -755,7 +769,7 @@ class _FusedEmitter:
         """Slot ``r`` of the state (float64 lanes) as the loop carries it: the track sums in float64, the limit
         counts as ``<8 x i32>``, the rest in the arithmetic's type."""
         b = self.b
-        if r in (_BODY_SLOTS.index("total"), _BODY_SLOTS.index("on")):
+        if r == _BODY_SLOTS.index("diff"):
             return v
         if r in self._count_slots:
             return b.fptosi(v, self.I32V)
@@ -763,7 +777,7 @@ class _FusedEmitter:
 
     def to_state(self, r, v):
         b = self.b
-        if r in (_BODY_SLOTS.index("total"), _BODY_SLOTS.index("on")):
+        if r == _BODY_SLOTS.index("diff"):
             return v
         if r in self._count_slots:
             return b.sitofp(v, self.Dv.V)
@@ -932,8 +946,11 @@ class _FusedEmitter:
                 b.fcmp_unordered(">", middle, E.splat(math.pi - _LOCK_MARGIN)),
             )
             flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, E.splat(0.0))))
-            dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
-            cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
+            if self.tait_bryan:
+                dc, cr, alpha = self.branch_tests(raw, cur)
+            else:
+                dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
+                cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
             cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * self.W), cr)
         else:
             krow = b.mul(self.frame, B.i64(len(spec["bodies"])))
@@ -945,25 +962,68 @@ class _FusedEmitter:
             flags = B.i64(0)
         return raw, dc, cr, alpha, flags
 
+    @property
+    def tait_bryan(self) -> bool:
+        """Distinct axes (``phi = pi/2``): the kernel's own middle angle is within ``pi/2 - 1e-3`` of 0."""
+        return not _euler_plan(self.spec["order"])[4] and self.spec["phi"] == 0.5 * math.pi
+
+    def branch_tests(self, raw, cur):
+        """:meth:`_Builder.cost_difference` and :meth:`_Builder.pairing` of Tait-Bryan angles away from gimbal
+        lock (``|t2| < pi/2 - 1e-3``, else the block is redone): ``|wrap(pi - t2)| = pi - |t2|``, ``alpha =
+        |wrap(t2 - pi/2)| = pi/2 - t2``, the wrapped steps of the outer angles ``min(|d|, 2 pi - |d|)`` (``|d| <=
+        2 pi``); the crossing test proper only when some lane steps more than 1.5 rad (its right-hand side is at
+        least ``pi - pi^2 / (2 pi) = pi/2`` there)."""
+        b, B, sp = self.b, self.B, self.B.splat
+        t1, t2, t3 = raw
+        fabs = B.fabs
+        a1, a2, a3 = (B.call(fabs, x) for x in raw)
+        dc = b.fmul(
+            b.fadd(b.fmul(b.fadd(b.fadd(a1, a3), a2), sp(-2.0), flags=_FMA), sp(3.0 * math.pi), flags=_FMA),
+            sp(self.spec["weight"]),
+        )
+        alpha = b.fsub(sp(0.5 * math.pi), t2)
+        two_pi = sp(2.0 * math.pi)
+
+        def step(x, p):
+            d = B.call(fabs, b.fsub(x, p))
+            return B.fmin(d, b.fsub(two_pi, d))
+
+        d13 = b.fadd(step(t1, cur[0]), step(t3, cur[2]))
+        far = self.any_lane(b.fcmp_ordered(">", d13, sp(1.5)))
+        none = self.ir.Constant(self.I1V, [0] * self.W)
+        (cr,) = self.either(far, lambda: [self._cross(d13, alpha, cur[1])], lambda: [none])
+        return dc, cr, alpha
+
+    def _cross(self, d13, alpha, alpha_prev):
+        b, sp = self.b, self.B.splat
+        da = b.fsub(alpha, alpha_prev)
+        ga = b.fadd(alpha, alpha_prev)
+        ga = self.B.fmin(ga, b.fsub(sp(2.0 * math.pi), ga))
+        rhs = b.fadd(b.fmul(b.fsub(b.fmul(ga, ga), b.fmul(da, da)), sp(0.5 / math.pi)), sp(math.pi))
+        return b.fcmp_ordered(">", d13, rhs)
+
     def chunk(self, ch, cur, flip):
         """Frame ``f`` of one chunk of bodies (up to 16 lanes)."""
         b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
         raw, dc, cr, alpha, flags = self.branch0(ch, cur)
         par = b.select(cr, b.fsub(sp(1.0), cur[3]), cur[3])
         on_track1 = b.fcmp_ordered("==", par, sp(1.0))
-        dcd = b.fpext(dc, self.Dv.V) if B.single else dc  # the sums in float64 (1M frames)
-        total = b.fadd(cur[4], dcd)
-        on = b.fadd(cur[5], b.select(on_track1, dcd, self.Dv.splat(0.0)))
+        dcd = b.fpext(dc, self.Dv.V) if B.single else dc  # the sum in float64 (1M frames)
+        # sum of dc on track 0 less the sum on track 1: negative when the track that starts on branch 1 is cheaper
+        diff = b.fadd(cur[4], b.select(on_track1, b.fsub(self.Dv.splat(0.0), dcd), dcd))
         other = b.xor(on_track1, flip)  # this frame takes branch 1
         nxt = [None] * self.nvec
-        nxt[:6] = [raw[0], alpha, raw[2], par, total, on]
-        placed = []
+        nxt[:5] = [raw[0], alpha, raw[2], par, diff]
+        g = [{name: cur[self.hslot(name, h)] for name in _HINGE_SLOTS} for h in range(3)]
+        t = self.chosen(ch, raw, other)
+        placed = self.place_all(ch, t, g)
         for h in range(3):
-            g = {name: cur[self.hslot(name, h)] for name in _HINGE_SLOTS}
-            upd, qv = self.place(ch, h, raw[h], other, g)
-            placed.append(qv)
+            turns, qv, count = placed[h]
+            upd = {"prev": t[h], "turns": turns, "min": B.fmin(qv, g[h]["min"]), "max": B.fmax(qv, g[h]["max"])}
+            upd["count"] = count  # (the state starts at +inf / -inf; a NaN qv leaves min and max)
             for name, x in upd.items():
                 nxt[self.hslot(name, h)] = x
+        placed = [x[1] for x in placed]
         nonfinite = cur[_NONFINITE_SLOT]
         if self.mode == 1:  # numpy's angles may be NaN (NaN input); the kernel's own never are (gimbal test)
             bad = self.finite(placed[0], B)
@@ -971,49 +1031,122 @@ class _FusedEmitter:
             nonfinite = b.select(bad, sp(1.0), nonfinite)
         nxt[_NONFINITE_SLOT] = nonfinite
         cols = [spec["qcols"][j] for j in ch]
+        vcols = [spec["vcols"][j] for j in ch]
         B.store_angles(self.qrow, cols, placed)
 
         def store_rates():  # (q[t] - q[t-2]) / (2 dt) into row t - 1
             back = B.load_angles(self.qrow2, cols)
             rates = [b.fmul(b.fsub(x, y), self.inv2dt_v) for x, y in zip(placed, back)]
-            B.store_angles(self.qdrow, [spec["vcols"][j] for j in ch], rates)
+            B.store_angles(self.qdrow, vcols, rates)
 
         return nxt, flags, store_rates
 
-    def place(self, ch, h, t, other, g):
-        """Hinge ``h`` of the chunk: the chosen branch, unwrapped, plus ``ref``, rounded to the stored dtype, and
-        the updated running values (turns, min, max, frames beyond the limits by more than ``1e-6``)."""
+    def chosen(self, ch, raw, other):
+        """The chosen branch of each hinge: branch 0 ``raw``, branch 1 where ``other`` (outer angles ``t - pi
+        sign(t)``, the middle one ``wrap(2 phi - t)`` in ``(-pi, pi]``); computed only when a lane takes it."""
+        b, B, sp = self.b, self.B, self.B.splat
+        two_pi = 2.0 * math.pi
+
+        def alts():
+            out = []
+            for h in range(3):
+                t = raw[h]
+                if h == 1:
+                    y = B.wrap(b.fsub(sp(2.0 * self.spec["phi"]), t))
+                    y = b.select(b.fcmp_ordered(">", y, sp(math.pi)), b.fsub(y, sp(two_pi)), y)
+                    alt = b.select(b.fcmp_ordered("<=", y, sp(-math.pi)), b.fadd(y, sp(two_pi)), y)
+                else:
+                    alt = b.fsub(t, B.call(self.copysign, sp(math.pi), t))
+                out.append(b.select(other, alt, t))
+            return out
+
+        return self.either(self.any_lane(other), alts, lambda: list(raw))
+
+    def either(self, cond_i64, then_fn, else_fn):
+        """Values of ``then_fn()`` where ``cond_i64 != 0`` else of ``else_fn()`` (a branch: one side runs)."""
+        b = self.b
+        yes, no, join = (self.fn.append_basic_block(x) for x in ("yes", "no", "join"))
+        b.cbranch(b.icmp_unsigned("!=", cond_i64, self.B.i64(0)), yes, no)
+        b.position_at_end(yes)
+        a = then_fn()
+        ya = b.block
+        b.branch(join)
+        b.position_at_end(no)
+        c = else_fn()
+        na = b.block
+        b.branch(join)
+        b.position_at_end(join)
+        out = []
+        for x, y in zip(a, c):
+            p = b.phi(x.type)
+            p.add_incoming(x, ya)
+            p.add_incoming(y, na)
+            out.append(p)
+        return out
+
+    def place_all(self, ch, t, g):
+        """``[(turns, placed value, count)]`` of the three hinges: ``t`` unwrapped against the frame before, plus
+        ``ref``, rounded to the stored dtype (float32 arithmetic: ``t + (ref - 2 pi turns)`` in float64 rounded
+        once), and the count of frames beyond the limits by more than ``1e-6``. With float32 arithmetic, when no
+        lane has turned so far and no lane steps by 3 rad or more (no turn now: ``rint(step / 2 pi) = 0``), the
+        value is ``t + ref`` in float32 (``ref`` a float32: the same value) and, where ``[-pi, pi] + ref`` lies
+        within the limits, the count is unchanged."""
         b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
         two_pi = 2.0 * math.pi
-        if h == 1:  # branch 1 of the middle angle: wrap(2 phi - t) in (-pi, pi]
-            y = B.wrap(b.fsub(sp(2.0 * spec["phi"]), t))
-            y = b.select(b.fcmp_ordered(">", y, sp(math.pi)), b.fsub(y, sp(two_pi)), y)
-            alt = b.select(b.fcmp_ordered("<=", y, sp(-math.pi)), b.fadd(y, sp(two_pi)), y)
-        else:  # outer angles: t - pi sign(t)
-            alt = b.fsub(t, B.call(self.copysign, sp(math.pi), t))
-        t = b.select(other, alt, t)
-        # t is in [-pi, pi] and prev starts at 0: the first frame's jump is rint(<= 1/2) = 0 without a test
-        jump = B.call(B.rint, b.fmul(b.fsub(t, g["prev"]), sp(1.0 / two_pi)))
-        turns = b.fadd(g["turns"], jump)
         Dv = self.Dv
-        ref = self.lane_consts(ch, spec["refs"], h, builder=Dv)
-        if B.single:  # t + ref - 2 pi turns in float64, rounded once (as the float64 mapping rounds it)
-            off = b.fsub(ref, b.fmul(b.fpext(turns, Dv.V), Dv.splat(two_pi)))
-            qv = b.fptrunc(b.fadd(b.fpext(t, Dv.V), off), B.V)
-        else:
-            qv = B.widen(B.narrow(b.fadd(t, b.fsub(ref, b.fmul(turns, sp(two_pi))))))  # the stored value
-        # frames beyond the limits by more than 1e-6 (the largest violation follows from min and max)
-        lo = self.lane_consts(ch, spec["limits"], h, 0, offset=-_OVER_TOL, rounding=1)
-        hi = self.lane_consts(ch, spec["limits"], h, 1, offset=_OVER_TOL, rounding=-1)
-        beyond = b.or_(b.fcmp_ordered("<", qv, lo), b.fcmp_ordered(">", qv, hi))
-        upd = {
-            "prev": t,
-            "turns": turns,
-            "min": B.fmin(qv, g["min"]),  # the state starts at +inf / -inf; a NaN qv leaves them
-            "max": B.fmax(qv, g["max"]),
-            "count": b.sub(g["count"], b.sext(beyond, self.I32V)),  # true is -1
-        }
-        return upd, qv
+
+        def limit_count(h, qv):  # frames beyond the limits by more than 1e-6 (the largest violation: min, max)
+            lo = self.lane_consts(ch, spec["limits"], h, 0, offset=-_OVER_TOL, rounding=1)
+            hi = self.lane_consts(ch, spec["limits"], h, 1, offset=_OVER_TOL, rounding=-1)
+            beyond = b.or_(b.fcmp_ordered("<", qv, lo), b.fcmp_ordered(">", qv, hi))
+            return b.sub(g[h]["count"], b.sext(beyond, self.I32V))  # true is -1
+
+        def wide():
+            out = []
+            for h in range(3):
+                # t is in [-pi, pi] and prev starts at 0: the first frame's jump is rint(<= 1/2) = 0 without a test
+                jump = B.call(B.rint, b.fmul(b.fsub(t[h], g[h]["prev"]), sp(1.0 / two_pi)))
+                turns = b.fadd(g[h]["turns"], jump)
+                ref = self.lane_consts(ch, spec["refs"], h, builder=Dv)
+                if B.single:  # t + ref - 2 pi turns in float64, rounded once (as the float64 mapping rounds it)
+                    off = b.fsub(ref, b.fmul(b.fpext(turns, Dv.V), Dv.splat(two_pi)))
+                    qv = b.fptrunc(b.fadd(b.fpext(t[h], Dv.V), off), B.V)
+                else:
+                    qv = B.widen(B.narrow(b.fadd(t[h], b.fsub(ref, b.fmul(turns, sp(two_pi))))))
+                out += [turns, qv, limit_count(h, qv)]
+            return out
+
+        refs = np.asarray(spec["refs"], dtype=np.float64)[ch]
+        if not (B.single and np.array_equal(refs.astype(np.float32).astype(np.float64), refs)):
+            out = wide()
+            return [out[3 * h : 3 * h + 3] for h in range(3)]
+        # the count is unchanged where every t + ref (|t| <= float32(pi)) lies within the thresholds it is compared to
+        lo = [self.lane_values(ch, spec["limits"], h, 0, offset=-_OVER_TOL, single=True, rounding=1) for h in range(3)]
+        hi = [self.lane_values(ch, spec["limits"], h, 1, offset=_OVER_TOL, single=True, rounding=-1) for h in range(3)]
+        top = np.float32(math.pi)
+        lanes = [ch[min(x, len(ch) - 1)] for x in range(self.W)]
+        r32 = np.asarray(spec["refs"], dtype=np.float64)[lanes].astype(np.float32).T  # [3, W]
+        inside = [
+            bool(np.all(np.float32(lo[h]) <= -top + r32[h]) and np.all(np.float32(hi[h]) >= top + r32[h]))
+            for h in range(3)
+        ]
+
+        def narrow():
+            out = []
+            for h in range(3):
+                ref = self.lane_consts(ch, spec["refs"], h)
+                qv = t[h] if not refs[:, h].any() else b.fadd(t[h], ref)
+                out += [g[h]["turns"], qv, g[h]["count"] if inside[h] else limit_count(h, qv)]
+            return out
+
+        zero = sp(0.0)
+        need = None
+        for h in range(3):
+            far = b.fcmp_unordered(">=", B.call(B.fabs, b.fsub(t[h], g[h]["prev"])), sp(3.0))
+            x = b.or_(far, b.fcmp_unordered("!=", g[h]["turns"], zero))
+            need = x if need is None else b.or_(need, x)
+        out = self.either(self.any_lane(need), wide, narrow)
+        return [out[3 * h : 3 * h + 3] for h in range(3)]
 
     def root(self, r):
         """Frame ``f`` of the free root: translation, sign-continuous unit quaternion (``w >= 0`` at frame 0) and
@@ -1216,8 +1349,9 @@ class FusedKernel:
         return state[r * n : (r + 1) * n][: self.k]
 
     def body(self, state, name: str) -> np.ndarray:
-        """``[k]`` float64 per body: ``t1``, ``alpha``, ``t3`` (branch 0 of the last frame), ``parity``,
-        ``total``, ``on`` (the sums of the branch cost differences, all and where the parity is 1)."""
+        """``[k]`` float64 per body: ``t1``, ``alpha``, ``t3`` (branch 0 of the last frame), ``parity``, ``diff``
+        (the sum of the branch cost differences where the parity is 0 less their sum where it is 1: negative when
+        the track that starts on branch 1 is the cheaper one)."""
         r = _BODY_SLOTS.index(name)
         return self._row(state, r)
 
