@@ -1206,7 +1206,9 @@ def _sum_sq(b, xs):
 def _root_vector_frames(em, r, bad_in, start, end):
     """The root of frames ``start .. end - 1`` (``start >= 2``, a multiple of 8 frames), 8 frames per
     ``<8 x double>`` (see :meth:`_FusedEmitter.root`): the sign continuity as a prefix product of the signs of
-    consecutive dot products, the rates of frame ``t - 1`` from frame ``t - 2`` two lanes back."""
+    consecutive dot products, the rates of frame ``t - 1`` from frame ``t - 2`` two lanes back; the quaternions
+    read as one 4-vector per frame and ``q``/``qd`` written as two overlapping 4-vectors per row (transposed in
+    registers)."""
     ir, b, T, spec = em.ir, em.b, em.T, em.spec
     V8 = _Builder(ir, em.mod, b, T, 8)
     I64 = em.I64
@@ -1229,7 +1231,10 @@ def _root_vector_frames(em, r, bad_in, start, end):
     qn_prev, sg_prev, st_prev = [b.phi(V8.V) for _ in range(4)], b.phi(V8.V), [b.phi(V8.V) for _ in range(7)]
     for p, x in zip([f, bad, nonfinite, *qn_prev, sg_prev, *st_prev], [start, bad_in, r[5], *qn0, sg0, *stored0]):
         p.add_incoming(x, pre)
-    comp = [_lanes_of_rows(b, V8, em.pL, nl64, rb * 4 + i, f, 8, T) for i in range(4)]
+    TV = ir.VectorType(T, 8)
+    # the 8 frames' root quaternions: one 4-vector load per frame, transposed to 4 vectors of 8 frames
+    rows = [_vec_at(b, em.pL, b.add(b.mul(b.add(f, V8.i64(j)), nl64), V8.i64(rb * 4)), 4) for j in range(8)]
+    comp = [b.fpext(x, V8.V) if em.B.f32 else x for x in _transpose(b, V8, rows, 4)]
     n2 = _sum_sq(b, comp)
     zero = b.fcmp_ordered("==", n2, V8.splat(0.0))
     flags = em.zext_any(zero)
@@ -1242,23 +1247,22 @@ def _root_vector_frames(em, r, bad_in, start, end):
         sg = b.fmul(sg, b.shuffle_vector(V8.splat(1.0), sg, V8.mask([0] * k + list(range(8, 16 - k)))))
     sg = b.fmul(sg, b.shuffle_vector(sg_prev, sg_prev, V8.mask([7] * 8)))
     bad_v = b.not_(em.finite(n2, V8))
-    Q, P = [], []
+    Q, P, Qt, Pt = [], [], [], []
     for i in range(4):
         x = b.fmul(qn[i], sg)
-        xt = b.fptrunc(x, ir.VectorType(T, 8)) if em.B.f32 else x
-        for j in range(8):
-            row = b.mul(b.add(f, V8.i64(j)), nq64)
-            b.store(b.extract_element(xt, V8.i64(j)), b.gep(em.pq, [b.add(row, V8.i64(rq + 3 + i))]))
-        Q.append(b.fpext(xt, V8.V) if em.B.f32 else xt)
+        Qt.append(b.fptrunc(x, TV) if em.B.f32 else x)
+        Q.append(b.fpext(Qt[-1], V8.V) if em.B.f32 else Qt[-1])
     for i in range(3):
-        v = ir.Constant(ir.VectorType(T, 8), ir.Undefined)
+        v = ir.Constant(TV, ir.Undefined)
         for j in range(8):
             fj = b.add(f, V8.i64(j))
-            x = b.load(b.gep(em.prt, [b.add(b.mul(fj, em.rts), V8.i64(i))]))
-            b.store(x, b.gep(em.pq, [b.add(b.mul(fj, nq64), V8.i64(rq + i))]))
-            v = b.insert_element(v, x, V8.i64(j))
+            v = b.insert_element(v, b.load(b.gep(em.prt, [b.add(b.mul(fj, em.rts), V8.i64(i))])), V8.i64(j))
+        Pt.append(v)
         P.append(b.fpext(v, V8.V) if em.B.f32 else v)
         bad_v = b.or_(bad_v, b.not_(em.finite(P[-1], V8)))
+    # q[f + j, rq .. rq + 7] as two 4-vectors per frame, overlapping in column rq + 3 (the same value)
+    _store_rows(b, V8, em.pq, f, 0, nq64, rq, _transpose(b, V8, Pt + Qt[:1], 8))
+    _store_rows(b, V8, em.pq, f, 0, nq64, rq + 3, _transpose(b, V8, Qt, 8))
     nonfinite_next = b.select(b.icmp_unsigned("!=", em.zext_any(bad_v), V8.i64(0)), ir.Constant(V8.D, 1.0), nonfinite)
     shift2 = V8.mask([6, 7] + list(range(8, 14)))  # lane j: frame f + j - 2
     stored = P + Q
@@ -1266,11 +1270,10 @@ def _root_vector_frames(em, r, bad_in, start, end):
     inv2dt = b.shuffle_vector(b.insert_element(undef, em.inv2dt, V8.i64(0)), undef, V8.mask([0] * 8))
     lin = [b.fmul(b.fsub(P[i], back[i]), inv2dt) for i in range(3)]
     ang = _rotvec_rate(b, V8, Q, back[3:], inv2dt)
-    for i, x in enumerate(lin + ang):
-        xt = b.fptrunc(x, ir.VectorType(T, 8)) if em.B.f32 else x
-        for j in range(8):
-            row = b.mul(b.add(f, V8.i64(j - 1)), nv64)
-            b.store(b.extract_element(xt, V8.i64(j)), b.gep(em.pqd, [b.add(row, V8.i64(rv + i))]))
+    rates = [b.fptrunc(x, TV) if em.B.f32 else x for x in lin + ang]
+    # qd[f + j - 1, rv .. rv + 6] as two 4-vectors per frame, overlapping in column rv + 2
+    _store_rows(b, V8, em.pqd, f, -1, nv64, rv, _transpose(b, V8, rates[:4], 8))
+    _store_rows(b, V8, em.pqd, f, -1, nv64, rv + 2, _transpose(b, V8, rates[2:], 8))
     f8, new_bad = b.add(f, V8.i64(8)), b.or_(bad, flags)
     last = b.block
     for p, x in zip([f, bad, nonfinite, *qn_prev, sg_prev, *st_prev], [f8, new_bad, nonfinite_next, *qn, sg, *stored]):
@@ -1280,6 +1283,41 @@ def _root_vector_frames(em, r, bad_in, start, end):
     b.position_at_end(after)
     out = [b.extract_element(x, V8.i64(7)) for x in qn] + [b.extract_element(sg, V8.i64(7)), nonfinite_next]
     return out, new_bad
+
+
+def _vec_at(b, base, index, count):
+    """``<count x T>`` at element ``index`` (an i64 value) of ``base`` (``T*``)."""
+    from llvmlite import ir
+
+    elem = base.type.pointee
+    ptr = b.bitcast(b.gep(base, [index]), ir.VectorType(elem, count).as_pointer())
+    return b.load(ptr, align=_elem_bytes(elem))
+
+
+def _elem_bytes(elem) -> int:
+    from llvmlite import ir
+
+    return 4 if isinstance(elem, ir.FloatType) else 8
+
+
+def _transpose(b, B, vecs, n):
+    """``[k]`` vectors of ``n`` lanes -> ``[n]`` vectors of ``k`` lanes (``out[j][i] = vecs[i][j]``; ``k`` a power
+    of 2): one long vector by pairwise concatenation, then one shuffle per output."""
+    k = len(vecs)
+    parts = list(vecs)
+    while len(parts) > 1:
+        w = parts[0].type.count
+        parts = [b.shuffle_vector(x, y, B.mask(range(2 * w))) for x, y in zip(parts[::2], parts[1::2])]
+    whole = parts[0]
+    return [b.shuffle_vector(whole, whole, B.mask([i * n + j for i in range(k)])) for j in range(n)]
+
+
+def _store_rows(b, B, base, f, delta, stride, col, rows):
+    """``rows[j]`` at row ``f + j + delta`` (``stride`` elements apart), column ``col`` of ``base``."""
+    for j, r in enumerate(rows):
+        idx = b.add(b.mul(b.add(f, B.i64(j + delta)), stride), B.i64(col))
+        ptr = b.bitcast(b.gep(base, [idx]), r.type.as_pointer())
+        b.store(r, ptr, align=_elem_bytes(r.type.element))
 
 
 def _sum_sq_pairs(b, xs, ys):
