@@ -322,3 +322,21 @@ def test_cmu_iclone_bvh_onto_the_g1_and_the_cmu_humanoid(name):
         lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
         q = res.motion.q[:, b.q_offset]
         assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, b.joint_name
+
+
+def test_cmu_names_onto_the_cmu_humanoid_by_position():
+    """``cmu_to_cmu_humanoid_ik``: the cgspeed BVH, 3dsMax BVH and FBX names (``|`` alternatives) put on the CMU
+    humanoid by inverse kinematics with held feet, within MuJoCo's joint ranges, bodies within 8 cm of the
+    scaled source joints (the name-map configurations: 5-7 cm; the model is another subject)."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_path(str(data_file(CMU_HUMANOID)))
+    for rel in ("fbx/07_01_cmu.fbx", "bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"):
+        res = ke.retarget.retarget_to_robot(ke.pipelines.load_motion(data_file(rel))[:240], "cmu_to_cmu_humanoid_ik")
+        m = res.metrics
+        assert m["key_body_error_m"]["mean"] < 0.08 and m["joints_outside_limits"] == 0, (rel, m["key_body_error_m"])
+        assert m["floating_share"] <= 0.05 and all(f["phases"] >= 1 for f in m["feet"].values()), rel
+        for b in res.layout.blocks[1:]:
+            lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
+            q = res.motion.q[:, b.q_offset]
+            assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, (rel, b.joint_name)
