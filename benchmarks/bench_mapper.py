@@ -13,7 +13,9 @@ they apply: the SMPL humanoid's x/y/z triplets) and the numpy reference path (``
 One thread (numpy element-wise kernels, no thread pool). Wall time and CPU time (``time.process_time``), best and
 median of ``--repeats`` each (the peer as often as ours); on a shared machine the CPU-time ratio is the one to read
 (the load average is printed before and after). The memory floor: numpy copying as many bytes as the mapping must
-read (quaternions, root translations) and write (``q``, ``qd``), into a fresh array and into a written one.
+read (quaternions, root translations) and write (``q``, ``qd``), into a fresh array and into a written one, and
+the page faults of fresh ``q`` and ``qd`` alone (the kernel zeroing their pages: system time no mapping that returns
+new arrays avoids).
 
     python benchmarks/bench_mapper.py [--frames 1048576] [--baseline-frames 4000] [--dtype float32] [--model all]
 """
@@ -112,13 +114,19 @@ def _scipy_vectorised(layout, local, repeats):
 def _memory_floor(motion, result, repeats):
     """Seconds (wall, CPU; best of ``repeats``) numpy needs to move the bytes the mapping must move: read the
     input (quaternions and root translations) and write ``q`` and ``qd`` into fresh arrays, as one copy of that
-    many bytes into a new array (the page faults of fresh output included), and into an array written before."""
+    many bytes into a new array (the page faults of fresh output included), and into an array written before;
+    and the page faults alone (fresh memory of ``q`` and ``qd``'s size, one byte written per 4 KiB page)."""
     n_in = np.asarray(motion.local_rotation).nbytes + np.asarray(motion.root_translation).nbytes
     n_out = result.motion.q.nbytes + result.motion.qd.nbytes
     src = np.ones((n_in + n_out) // 8)
     warm = np.zeros_like(src)
-    fresh, touched = [], []
+    fresh, touched, faults = [], [], []
     for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        pages = np.empty(n_out, dtype=np.uint8)
+        pages[::4096] = 1  # one byte per 4 KiB page: the kernel maps (and zeroes) the pages of fresh q and qd
+        faults.append((time.perf_counter() - w, time.process_time() - c))
+        del pages
         w, c = time.perf_counter(), time.process_time()
         out = src.copy()
         fresh.append((time.perf_counter() - w, time.process_time() - c))
@@ -126,7 +134,7 @@ def _memory_floor(motion, result, repeats):
         w, c = time.perf_counter(), time.process_time()
         np.copyto(warm, src)
         touched.append((time.perf_counter() - w, time.process_time() - c))
-    return n_in + n_out, _stats(fresh)[0], _stats(touched)[0]
+    return n_in + n_out, _stats(fresh)[0], _stats(touched)[0], _stats(faults)[0]
 
 
 def _run(name, rel, args):
@@ -170,7 +178,7 @@ def _run(name, rel, args):
     del np_result
     vec_times, euler = _scipy_vectorised(layout, np.asarray(motion.local_rotation), args.repeats)
     (vec_wall, vec_cpu), (vec_med_wall, vec_med_cpu) = _stats(vec_times)
-    nbytes, (floor_wall, floor_cpu), (warm_wall, warm_cpu) = _memory_floor(motion, result, args.repeats)
+    nbytes, (floor_wall, floor_cpu), (warm_wall, warm_cpu), (_, fault_cpu) = _memory_floor(motion, result, args.repeats)
 
     nb = args.baseline_frames
     local64 = np.asarray(state.local_rotation[:nb], dtype=np.float64)
@@ -201,7 +209,7 @@ def _run(name, rel, args):
     print(
         f"  memory floor ({nbytes / 1e6:,.0f} MB read + written): numpy copy into a fresh array CPU {floor_cpu:6.3f} s "
         f"(wall {floor_wall:6.3f}), into a written one CPU {warm_cpu:6.3f} s; ours is {best_cpu / floor_cpu:4.1f}x "
-        f"the fresh-array floor"
+        f"the fresh-array floor; the fresh pages of q and qd alone CPU {fault_cpu:6.3f} s"
     )
     print(
         f"  ratio vs vectorised scipy: {vec_cpu / best_cpu:5.2f}x CPU best of {args.repeats}, "
