@@ -43,11 +43,12 @@ Cost: ``sampling_samples`` world-steps per control step, in batches of ``samplin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .. import rotations as R
+from ..animation.motion import ArticulationMotion
 from .integrator import Simulator
 from .kinematics import link_transforms
 from .model import Model, State
@@ -61,12 +62,14 @@ from .tracking import (
     _with_budget,
     drive_gains,
     pd_control,
+    prepare_reference,
     uses_balance,
 )
 
-__all__ = ["COST_WEIGHTS", "SamplingPlan", "dof_groups", "sample_target_offsets"]
+__all__ = ["COST_WEIGHTS", "SamplingPlan", "ballistic_shift", "dof_groups", "sample_target_offsets"]
 
-#: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s).
+#: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s, m, m/s).
+#: ``com_velocity`` counts only in segments near a take-off or landing of the reference (none in a walk).
 COST_WEIGHTS = {
     "body": 1.0,
     "com": 2.0,
@@ -74,7 +77,18 @@ COST_WEIGHTS = {
     "root_velocity": 0.2,
     "root_angular_velocity": 0.05,
     "self_penetration": 10.0,
+    "com_velocity": 1.0,
 }
+
+#: Compare flights against the ballistic arc of :func:`ballistic_shift` (body, centre of mass and its velocity).
+BALLISTIC = True
+#: Factor on the offsets' standard deviations in the segments near a take-off or landing (from one segment
+#: before to one after): a jump's push-off and landing need larger, coordinated changes than a stance.
+FLIGHT_SIGMA_SCALE = 2.0
+#: Add the feed-forward the ballistic arc needs (:meth:`_Search.flight_feedforward`) as target offsets.
+FLIGHT_FEEDFORWARD = True
+#: Control steps per segment near a take-off or landing (``sampling_segment_steps`` elsewhere).
+FLIGHT_SEGMENT_STEPS = 6
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,6 +148,62 @@ def _com(model: Model, pos: torch.Tensor, quat: torch.Tensor) -> torch.Tensor:
     return (c * model.body_mass[:, None]).sum(1) / model.body_mass.sum()
 
 
+def ballistic_shift(
+    com: torch.Tensor,
+    lowest: torch.Tensor,
+    gravity: torch.Tensor,
+    dt: float,
+    *,
+    contact_height: float = 0.03,
+    lift_margin: float = 0.005,
+    ramp_s: float = 0.15,
+) -> torch.Tensor:
+    """``[K, 3]`` m, what moves a reference's centre of mass ``com [K, 3]`` (world, one row per step of ``dt``
+    s) onto a ballistic arc in each of its flight phases; ``lowest [K]`` m: the height of the reference's lowest
+    contact point per row, ``gravity [3]`` m/s^2.
+
+    A flight is a run of rows whose lowest point is over ``contact_height`` (the tracker's contact rule),
+    widened to where the feet really leave and meet the ground: back to the last row (forward to the first)
+    within ``lift_margin`` of the lowest height of the stance before (after) it. Mocap feet rise through the
+    contact rule's 3 cm while the body still accelerates upwards, which no ground can do (CMU 01_01 on the CMU
+    humanoid: 0.1 s of push-off with the feet 1-3 cm up).
+
+    A retargeted, scaled jump keeps its timing, so its flight does not fall with ``gravity`` either (the G1's
+    01_01 hops fall at about 7.3 m/s^2, its size over the performer's), and no body can follow it. The arc kept
+    goes through the reference's centre of mass at the lift-off and touchdown rows, over the same time:
+    ``p(t) = p_0 + (p_1 - p_0) t / T + g t (t - T) / 2``. The jump in velocity this asks for at take-off (landing)
+    is spread over the ``ramp_s`` s of stance before (after) it by a cubic ``s(u) = dv u (1 + u / ramp_s)^2``
+    (``dv t (1 - t / ramp_s)^2``) that starts (ends) at rest: a deeper, faster push-off and a softer landing. The
+    shift is 0 elsewhere; flights that touch the clip's first or last row are left as they are."""
+    shift = torch.zeros_like(com)
+    k = lowest.shape[0]
+    airborne = lowest >= contact_height
+    flag = torch.cat([airborne.new_zeros(1), airborne, airborne.new_zeros(1)]).to(torch.int8)
+    edges = torch.nonzero(flag[1:] - flag[:-1]).flatten().tolist()  # a flight is rows edges[2i] .. edges[2i+1]-1
+    ramp = max(int(round(ramp_s / dt)), 1)
+    for a, b in zip(edges[0::2], edges[1::2]):  # one iteration per flight phase, not per frame
+        if a == 0 or b >= k:
+            continue
+        lo = max(a - 2 * ramp, 0)
+        before = lowest[lo:a]
+        a = lo + int(torch.nonzero(before <= before.min() + lift_margin).max()) + 1  # first row off the ground
+        hi = min(b + 2 * ramp, k)
+        after = lowest[b:hi]
+        b = b + int(torch.nonzero(after <= after.min() + lift_margin).min())  # touchdown row
+        t = torch.arange(1, b - a + 1, dtype=com.dtype, device=com.device)[:, None] * dt
+        span = (b - a + 1) * dt
+        arc = com[a - 1] + (com[b] - com[a - 1]) * (t / span) + 0.5 * gravity * t * (t - span)
+        shift[a:b] = arc - com[a:b]
+        dv_off, dv_land = shift[a] / dt, -shift[b - 1] / dt  # the velocity jumps at take-off and landing
+        lo = max(a - 1 - ramp, 0)
+        u = (torch.arange(lo, a, dtype=com.dtype, device=com.device)[:, None] - (a - 1)) * dt  # -ramp_s .. 0
+        shift[lo:a] += dv_off * u * (1.0 + u / ramp_s).clamp(min=0.0) ** 2
+        hi = min(b + ramp + 1, k)
+        t = (torch.arange(b, hi, dtype=com.dtype, device=com.device)[:, None] - b) * dt  # 0 .. ramp_s
+        shift[b:hi] += dv_land * t * (1.0 - t / ramp_s).clamp(min=0.0) ** 2
+    return shift
+
+
 @dataclass(frozen=True, eq=False)
 class _Beam:
     """States of the search (``n`` of them): simulator state, last step's normal contact forces ``[n, C]`` N,
@@ -157,8 +227,14 @@ class _Search:
         self.balance = uses_balance(model, settings)
         self.gains = drive_gains(model, settings)
         self.j0 = _first_joint_dof(model)
-        n = int(settings.sampling_samples)
-        self.pad = _pad_index(n, 32, model.device) if settings.batch_invariant else torch.arange(n, device=model.device)
+        self._pads = {}
+
+    def _pad(self, n: int) -> torch.Tensor:
+        """Indices of ``n`` samples padded to a multiple of 32 worlds (``batch_invariant``)."""
+        if n not in self._pads:
+            dev = self.model.device
+            self._pads[n] = _pad_index(n, 32, dev) if self.settings.batch_invariant else torch.arange(n, device=dev)
+        return self._pads[n]
 
     def sigma(self, start: int, count: int) -> torch.Tensor:
         st, ref = self.settings, self.ref
@@ -173,11 +249,15 @@ class _Search:
         sigma[: self.j0] = 0.0
         return sigma
 
-    def cost(self, state: State, pos: torch.Tensor, quat: torch.Tensor, row: int, ref_com: torch.Tensor):
-        """``([n] cost, [n] mean body error m)`` of states at reference row ``row`` (links ``pos``, ``quat``)."""
-        ref = self.ref
-        body = torch.linalg.vector_norm(pos - ref.body_pos[row], dim=-1).mean(-1)
-        com = torch.linalg.vector_norm(_com(self.model, pos, quat) - ref_com, dim=-1)
+    def cost(self, state, pos, quat, row: int, ref_com, com_before, ref_com_velocity, shift, flight: bool):
+        """``([n] cost, [n] mean body error m, [n, 3] centre of mass m)`` of states at reference row ``row``
+        (links ``pos``, ``quat``) against the reference shifted by ``shift [3]`` m (:func:`ballistic_shift`);
+        ``com_before [n, 3]``: the centres of mass one step earlier (their difference over ``dt`` is compared
+        with ``ref_com_velocity [3]`` m/s when ``flight``: around a take-off or landing)."""
+        ref, st = self.ref, self.settings
+        body = torch.linalg.vector_norm(pos - (ref.body_pos[row] + shift), dim=-1).mean(-1)
+        com_now = _com(self.model, pos, quat)
+        com = torch.linalg.vector_norm(com_now - ref_com, dim=-1)
         q_ref = ref.q_raw[row].expand(state.q.shape[0], -1)
         rel = R.quat_multiply(q_ref[:, 3:7], R.quat_conjugate(state.q[:, 3:7]))
         rot = torch.linalg.vector_norm(R.quat_to_rotvec(rel), dim=-1)
@@ -190,17 +270,20 @@ class _Search:
             + w["root_velocity"] * torch.linalg.vector_norm(dv[:, :3], dim=-1)
             + w["root_angular_velocity"] * torch.linalg.vector_norm(dv[:, 3:], dim=-1)
         )
+        if flight and w["com_velocity"] > 0:
+            dcom = (com_now - com_before) / st.dt - ref_com_velocity
+            cost = cost + w["com_velocity"] * torch.linalg.vector_norm(dcom, dim=-1)
         if self.model.num_self_pairs:  # limbs driven through the body would be rejected (self_collision)
             cost = cost + w["self_penetration"] * _self_penetration(self.model, pos, quat)[0]
-        return cost, body
+        return cost, body, com_now
 
-    def segment(self, beam: _Beam, start: int, k: int, steps: int, sigma, ref_com, generator):
+    def segment(self, beam: _Beam, start: int, k: int, steps: int, sigma, targets, generator, n: int, flight: bool):
         """Simulate the samples of one segment (steps ``k .. k + steps`` of the clip at row ``start``) from
         ``beam``: ``(samples: _Beam, parent [n], qs [n, steps, nq], alive [n], worst [n] m)``, ``worst`` the
         largest mean body error the segment reached."""
         model, ref, st = self.model, self.ref, self.settings
         dev, dt_ = model.device, model.dtype
-        n = int(st.sampling_samples)
+        ref_com, ref_com_velocity, shift, base = targets
         nb = beam.state.num_worlds
         parent = torch.arange(n, device=dev) % nb
         noise = torch.randn(n, model.nv, generator=generator, dtype=dt_, device=dev) * sigma
@@ -212,7 +295,8 @@ class _Search:
         worst = torch.zeros(n, dtype=dt_, device=dev)
         qs = torch.zeros(n, steps, model.nq, dtype=dt_, device=dev)
         pos, quat = link_transforms(model, state.q)
-        p = self.pad
+        com = _com(model, pos, quat)
+        p = self._pad(n)
         every = torch.arange(n, device=dev)
         for j in range(steps):
             ci = start + k + j
@@ -230,14 +314,16 @@ class _Search:
                 (pos[p], quat[p]),
                 self.gains,
                 self.balance,
-                offset[p],
+                (offset + base[k + j])[p],
             )
             out = self.sim.step(run, ctrl)
             state = _with_budget(_take(out.state, every))
             normal = out.contact_normal_force[:n]
             qs[:, j] = state.q
             pos, quat = link_transforms(model, state.q)
-            c, body = self.cost(state, pos, quat, ci + 1, ref_com[k + j + 1])
+            c, body, com = self.cost(
+                state, pos, quat, ci + 1, ref_com[k + j + 1], com, ref_com_velocity[k + j + 1], shift[k + j + 1], flight
+            )
             cost, worst = cost + c, torch.maximum(worst, body)
         end = torch.full((n,), start + k + steps, dtype=torch.int64, device=dev)
         alive &= ~_fallen(model, ref, st, pos, end) & ~state.frozen
@@ -254,14 +340,39 @@ class _Search:
         sigma = self.sigma(start, count)
         pos_r, quat_r = link_transforms(model, ref.q_raw[start : start + count])
         ref_com = _com(model, pos_r, quat_r)  # [count, 3]
+        airborne = (ref.contact_height[start : start + count] >= st.contact_height).all(-1)
+        lowest = ref.contact_height[start : start + count].amin(-1)
+        shift = (
+            ballistic_shift(ref_com, lowest, model.gravity, st.dt, contact_height=st.contact_height)
+            if BALLISTIC
+            else torch.zeros_like(ref_com)
+        )
+        pos_s, quat_s = link_transforms(model, ref.q[start : start + count])
+        com_smooth = _com(model, pos_s, quat_s) + shift  # the velocity target: smoothed, not the raw mocap's noise
+        com_velocity = torch.zeros_like(com_smooth)
+        com_velocity[1:] = (com_smooth[1:] - com_smooth[:-1]) / st.dt
+        base = self.flight_feedforward(start, count, shift)
+        targets = (ref_com + shift, com_velocity, shift, base)
         first = _with_budget(State.from_q(model, ref.q[start : start + 1], ref.qd[start : start + 1]))
         zeros = lambda *shape: torch.zeros(*shape, dtype=dt_, device=dev)  # noqa: E731
         beams = [_Beam(first, zeros(1, model.num_contact_points), zeros(1, model.nv), zeros(1))]
-        segments = [(k, min(seg, count - 1 - k)) for k in range(0, count - 1, seg)]
+        flag = airborne.to(torch.int8)
+        change = torch.cat([flag.new_zeros(1), (flag[1:] - flag[:-1]).abs()]).bool()  # rows where contact changes
+        segments, near = [], []
+        for k in range(0, count - 1, seg):  # one iteration per segment, not per frame
+            # near a take-off or landing (from one segment before to one after): shorter segments, wider offsets
+            close = bool(change[max(k - seg, 0) : k + 2 * seg + 1].any())
+            part = max(min(FLIGHT_SEGMENT_STEPS, seg), 1) if close else seg
+            for kk in range(k, min(k + seg, count - 1), part):
+                segments.append((kk, min(part, k + seg - kk, count - 1 - kk)))
+                near.append(close)
         records, env_steps, retries, fails, fell, i, furthest = [], 0, 0, 0, False, 0, 0
         while i < len(segments):
             k, steps = segments[i]
-            samples, parent, qs, alive, worst = self.segment(beams[i], start, k, steps, sigma, ref_com, generator)
+            sig = sigma * FLIGHT_SIGMA_SCALE if near[i] else sigma
+            samples, parent, qs, alive, worst = self.segment(
+                beams[i], start, k, steps, sig, targets, generator, n, near[i]
+            )
             env_steps += n * steps
             good = alive & (worst < st.sampling_fail_error)
             if not bool(good.any()) and retries < st.sampling_retries and i > 0:
@@ -284,15 +395,40 @@ class _Search:
                 furthest, fails = i, 0
             if fell:
                 break
-        return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell) + (env_steps,)
+        return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell, base) + (env_steps,)
 
-    def _backtrack(self, records, count: int, q0: torch.Tensor, cost: torch.Tensor, fell: bool):
+    def flight_feedforward(self, start: int, count: int, shift: torch.Tensor) -> torch.Tensor:
+        """``[count, nv]`` target offsets (rad, m) whose drive torques ``kp * offset`` are what the feed-forward
+        of the reference moved by ``shift [count, 3]`` m (:func:`ballistic_shift`, applied to the root) adds to
+        the reference's own: the push-off a ballistic flight of the same duration needs. The shifted clip gets
+        the reference's own inverse dynamics and contact fit (:func:`~kangengine.sim.prepare_reference`, no
+        smoothing); 0 on rows the shift leaves alone and on the root."""
+        model, ref, st = self.model, self.ref, self.settings
+        out = torch.zeros(count, model.nv, dtype=model.dtype, device=model.device)
+        moved = shift.abs().amax(-1) > 0
+        if not FLIGHT_FEEDFORWARD or not bool(moved.any()):
+            return out
+        moved[1:] |= moved[:-1].clone()  # the step leaving a moved row and the one reaching it
+        moved[:-1] |= moved[1:].clone()
+        q = ref.q[start : start + count].clone()
+        q[:, :3] += shift
+        motion = ArticulationMotion(
+            q.cpu().numpy(), ref.qd[start : start + count].cpu().numpy(), 1.0 / st.dt, model.layout.model_signature
+        )
+        moved_ref = prepare_reference(model, [motion], replace(st, smoothing_s=0.0))
+        extra = moved_ref.feedforward[:count] - ref.feedforward[start : start + count]
+        kp = self.gains[0]
+        j0 = self.j0
+        out[:, j0:] = torch.where(moved[:, None] & (kp[j0:] > 0), extra[:, j0:] / kp[j0:].clamp(min=1e-9), 0.0)
+        return out
+
+    def _backtrack(self, records, count: int, q0: torch.Tensor, cost: torch.Tensor, fell: bool, base):
         model = self.model
         offset = torch.zeros(count, model.nv, dtype=model.dtype, device=model.device)
         q = q0.expand(count, -1).clone()
         leaf, last = 0, 0
         for k, steps, parent, off, qs in reversed(records):
-            offset[k : k + steps] = off[leaf]
+            offset[k : k + steps] = off[leaf] + base[k : k + steps]
             q[k + 1 : k + 1 + steps] = qs[leaf]
             last = max(last, k + steps)
             leaf = int(parent[leaf])
