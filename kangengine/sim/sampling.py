@@ -32,6 +32,12 @@ simulator states starts at the reference's first frame. Per segment:
    segment. A clip whose path falls or ends over ``sampling_good_error`` is searched again with the next seeds
    (``sampling_restarts``); the furthest, then closest, path is kept.
 
+Jumps: a reference's flight phases are compared against the ballistic arc through its lift-off and touchdown
+(:func:`ballistic_shift`; a retargeted, scaled jump keeps its timing and does not fall with gravity), the
+push-off that arc needs is added to every sample's offsets as feed-forward (:meth:`_Search.flight_feedforward`),
+and the segments near a take-off or landing add a centre-of-mass velocity term (``COST_WEIGHTS["com_velocity"]``)
+and double the offsets' spread (:data:`FLIGHT_SIGMA_SCALE`). A clip without flight rows is searched as before.
+
 At the end the cheapest leaf's path gives per-frame target offsets, which :func:`~kangengine.sim.track` replays
 through its normal loop (:attr:`~kangengine.sim.TrackingReference.target_offset`): the report describes that
 replay, a real simulated trajectory. The samples are a multiple of 32 worlds (``batch_invariant``), so the
