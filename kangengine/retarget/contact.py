@@ -168,8 +168,9 @@ def held_sole_targets(
         yaw: ``[phases]`` rad or ``None``: the heading of the held foot in each phase (its x axis from world +X
             about +Z) instead of the source foot's mean heading (the solver's choice, :func:`phase_yaw`).
         pivot: the held foot turns with the source foot within a phase, frame by frame, about its sole centre
-            (a pivot or a twist on the spot is followed without sliding the sole centre); the released points'
-            own motion is then the source's less the turn's. ``yaw`` then sets each phase's mean heading, the
+            (a pivot or a twist on the spot is followed without sliding the sole centre), and a point released
+            within its phase (the heel at heel-off) rises with the source but keeps its horizontal place on the
+            turning foot, as a foot rolling over its toe does. ``yaw`` then sets each phase's mean heading, the
             turns kept about it.
     Returns:
         ``(targets [frames, points, 3] m world, weight [frames, points] in [0, 1])``.
@@ -187,9 +188,8 @@ def held_sole_targets(
     by = inside & held_heel
     has = np.bincount(pid[by], minlength=k) > 0
     by = by | (inside & ~has[pid.clip(0)])
-    anchors = _group_anchors(sole, rear)
     if pivot:
-        origin_xy, heading = _pivot_placement(phases, heel_world, foot_forward_world, by, anchors[2])
+        origin_xy, heading = _pivot_placement(phases, heel_world, foot_forward_world, by, sole[:, :2].mean(0))
         origin_xy += _drift_of(pid, by, heel_world[:, :2] - origin_xy, hold_radius)
         if yaw is not None:  # the solver's heading per phase: the source's turns within it kept about it
             mean = _phase_mean_angle(pid, inside, heading, k)
@@ -206,8 +206,7 @@ def held_sole_targets(
     weight = np.zeros((n, sole.shape[0]))
     toe_world = heel_world if toe_world is None else toe_world
     frame = np.arange(n)
-    groups = ((rear, held_heel, heel_world, anchors[0]), (~rear, held_toe, toe_world, anchors[1]))
-    for cols, mask, src, anchor in groups:  # two point groups
+    for cols, mask, src in ((rear, held_heel, heel_world), (~rear, held_toe, toe_world)):  # two point groups
         if not cols.any():
             continue
         grp = ContactPhases(mask, np.where(mask, pid, -1), phases.starts, phases.ends)
@@ -223,9 +222,8 @@ def held_sole_targets(
         held = np.stack([rx + origin_xy[at, None, 0], ry + origin_xy[at, None, 1], z], -1)
         # released: the source's own motion since (or until) the nearest frame this group is held
         move = np.where(mask[:, None], 0.0, (src - src[near]))
-        if pivot:  # less what the held placement itself moved there (the turn is in it already)
-            turned = _anchor_world(origin_xy, heading, anchor, at) - _anchor_world(origin_xy, heading, anchor, near)
-            move[:, :2] -= turned
+        if pivot:  # within its phase a released point rises with the source but keeps its (turning) place
+            move[inside, :2] = 0.0
         else:
             move[:, :2] += _drift(pid, mask, src, hold_radius)[near]  # held where the foot is (or was last) held
         tg = held + move[:, None, :]
@@ -235,25 +233,11 @@ def held_sole_targets(
     return targets, weight
 
 
-def _group_anchors(sole: np.ndarray, rear: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rear, front, centre)`` ``[2]`` m: the centres of the rear sole points, of the others and of all, in the
-    foot frame (a group without points: the centre)."""
-    centre = sole[:, :2].mean(0)
-    back = sole[rear, :2].mean(0) if rear.any() else centre
-    front = sole[~rear, :2].mean(0) if (~rear).any() else centre
-    return back, front, centre
-
-
 def _rotate_xy(heading: np.ndarray, v: np.ndarray) -> np.ndarray:
     """``[N, 2]``: ``v [N, 2]`` (or ``[2]``) turned by ``heading [N]`` rad about +Z."""
     c, s = np.cos(heading), np.sin(heading)
     v = np.broadcast_to(v, (heading.shape[0], 2))
     return np.stack([c * v[:, 0] - s * v[:, 1], s * v[:, 0] + c * v[:, 1]], -1)
-
-
-def _anchor_world(origin_xy, heading, anchor, at) -> np.ndarray:
-    """``[N, 2]`` m: where the foot point ``anchor [2]`` (foot frame) is at the held placement of frames ``at``."""
-    return origin_xy[at] + _rotate_xy(heading[at], anchor)
 
 
 def _phase_mean_angle(pid, inside, angle, k: int) -> np.ndarray:

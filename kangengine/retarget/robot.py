@@ -283,7 +283,7 @@ def _build_targets(cfg: RobotRetargetConfig, layout, src: _Source, path) -> _Tar
             # a foot point is never asked below where it sits when the sole is flat on the floor
             floor = cfg.ground_height - sole[:, 2].min() + np.array([b.offset[2] for b in bodies])[on_foot]
             key_target[:, on_foot, 2] = np.maximum(key_target[:, on_foot, 2], floor[None])
-            key_weight[:, on_foot] *= (1.0 - 0.8 * w)[:, None]
+            key_weight[:, on_foot] *= (1.0 - (1.0 - float(cfg.solver.held_key_share)) * w)[:, None]
         phases.append(ph)
         ramps.append(w)
         sole_t.append(tgt)
@@ -371,14 +371,23 @@ _FREE_YAW_SOLE_XY = 0.1
 
 
 def _emphasise_errors(
-    layout, q, tasks: IKTasks, nkey: int, floor_m: float, peak_m: float, orient_floor=0.0, orient_peak=0.0
+    layout,
+    q,
+    tasks: IKTasks,
+    nkey: int,
+    floor_m: float,
+    peak_m: float,
+    orient_floor=0.0,
+    orient_peak=0.0,
+    peak_max: float = 4.0,
 ) -> IKTasks:
     """The tasks with each key-body point's weight rescaled per frame by its error ``e`` at ``q [N, nq]`` (the
     coarse pass's solution, interpolated to every frame): ``clamp(floor_m / e, 1, 3)`` (small errors count
     more: the squares then weigh like the distances the mean error adds up, one reweighted least-squares step
-    towards it) times ``min(1 + (e / peak_m)^2, 4)`` (the worst frames count more: towards the largest error).
+    towards it) times ``min(1 + (e / peak_m)^2, peak_max)`` (the worst frames count more: towards the largest
+    error).
     0 turns a factor off. ``orient_floor`` / ``orient_peak`` (rad) do the same to each orientation task's weight
-    by its angle error.
+    by its angle error (that factor capped at 4).
     """
     import torch
 
@@ -391,7 +400,7 @@ def _emphasise_errors(
     e = torch.linalg.norm(x - tasks.point_target[:, :nkey], dim=-1)  # [N, K] m
     f = torch.ones_like(e)
     if peak_m > 0:
-        f = f * (1.0 + (e / peak_m) ** 2).clamp_max(4.0)
+        f = f * (1.0 + (e / peak_m) ** 2).clamp_max(peak_max)
     if floor_m > 0:
         f = f * (floor_m / e.clamp_min(1e-9)).clamp(1.0, 3.0)
     w = tasks.point_weight.clone()
@@ -617,7 +626,8 @@ def _between_passes(group: list[_Clip], frames: ClipFrames, tasks: IKTasks, cfg,
             cut = frames.clip_frame_start.tolist()[1:]
             held = [_held_at_solver_yaw(c, f, cfg) for c, f in zip(group, np.split(fwd, cut))]
             out = _tasks(held, cfg, layout, ground, sc, t)
-        return _emphasise_errors(layout, q_warm, out, nkey, floor_m, peak_m, o_floor, o_peak)
+        peak_max = float(cfg.solver.key_weight_peak_max)
+        return _emphasise_errors(layout, q_warm, out, nkey, floor_m, peak_m, o_floor, o_peak, peak_max)
 
     return coarse, retask
 

@@ -274,12 +274,18 @@ class SolverOptions:
         key_weight_floor_m, key_weight_peak_m: m, after the coarse pass each key-body point's weight is rescaled
             per frame by its error ``e`` there: ``clamp(key_weight_floor_m / e, 1, 3)`` (small errors count
             more, so the squares weigh like the distances the mean error adds up) times
-            ``min(1 + (e / key_weight_peak_m)^2, 4)`` (the worst frames count more); 0 turns a factor off.
+            ``min(1 + (e / key_weight_peak_m)^2, key_weight_peak_max)`` (the worst frames count more); 0 turns a
+            factor off.
         orient_weight_floor_rad, orient_weight_peak_rad: rad, the same rescaling of each orientation task's
             weight by its angle error after the coarse pass; 0 turns a factor off.
         held_orientation_share: the share of a foot's orientation weight kept while its sole is held (0: the
             held sole alone sets the foot's orientation; with a ``"standing"`` orientation reference the
             target of a flat source foot is the held flat sole, so keeping it agrees with the hold).
+        held_key_share: the share of a foot's key-body position weights kept while its sole is held (the rest
+            is left to the held sole; 1: the foot's key points pull as hard as in swing, so a held foot settles
+            between its hold and where the source foot is).
+        refine_share: the share of frames (those the fine pass leaves with the highest cost) that get one
+            more Gauss-Newton iteration (0: none): solver capacity where it pays, at that share of an iteration.
         ground_weight: weight of the non-penetration penalty of every collision geom.
         posture_weight: weak pull of the joints towards the neutral pose (regularises redundant DOFs).
         posture_joints: ``{joint name: weight}`` (JSON object; kept as ``((name, weight), ...)``), a further
@@ -310,9 +316,12 @@ class SolverOptions:
     hold_radius_m: float = 0.02
     key_weight_floor_m: float = 0.0
     key_weight_peak_m: float = 0.0
+    key_weight_peak_max: float = 4.0
     orient_weight_floor_rad: float = 0.0
     orient_weight_peak_rad: float = 0.0
     held_orientation_share: float = 0.0
+    held_key_share: float = 0.2
+    refine_share: float = 0.0
     ground_weight: float = 200.0
     posture_weight: float = 1e-3
     posture_joints: tuple[tuple[str, float], ...] = ()

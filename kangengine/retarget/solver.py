@@ -913,7 +913,8 @@ def solve_clip(
     retask=None,
 ):
     """Solve a batch of clips: a coarse pass on every ``options.coarse_stride``-th frame of each clip
-    (interpolated on the manifold as the warm start), all frames, then the smoothing pass (a pull towards the
+    (interpolated on the manifold as the warm start), all frames (then, with ``options.refine_share``, one more
+    iteration on that share of each clip's costliest frames), then the smoothing pass (a pull towards the
     low-passed solution, with every task still on: contacts, floor and limits stay as solved). Self-collision
     pairs (if any) are kept to those that come near in the interpolated warm start.
 
@@ -956,6 +957,18 @@ def solve_clip(
         tasks = all_pairs.with_pairs(_near_pairs(q, all_pairs, layout, 0.05))
     reuse = bool(getattr(options, "smoothing_reuse", 0))
     q, cost, model = _iterate(q, tasks, tables, layout, options, int(options.iterations), keep_model=True)
+    share = float(getattr(options, "refine_share", 0.0))
+    if share > 0 and n > 1:  # one more iteration on the frames the fine pass left costliest, in each clip
+        top = torch.cat(
+            [
+                s + torch.topk(cost[s : s + c], max(1, min(c, int(math.ceil(share * c))))).indices
+                for s, c in zip(clips.clip_frame_start.tolist(), clips.clip_frame_count.tolist())  # per clip
+            ]
+        )
+        q_top, c_top = _iterate(q[top], tasks.frames(top), tables, layout, options, 1)
+        q, cost = q.clone(), cost.clone()
+        q[top], cost[top] = q_top, c_top
+        model = None
     if options.smoothness_weight > 0 and options.smoothing_iterations > 0:
         q_smooth = smooth_on_manifold(layout, q, options.smoothing_s * fps, clips)
         if int(getattr(options, "smoothing_filter_only", 0)):  # the low-passed solution itself, no step
