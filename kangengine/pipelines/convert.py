@@ -301,9 +301,7 @@ def _shipped_kinds() -> dict[str, str]:
     folder = os.fspath(files("kangengine.retarget") / "configs")
     try:
         with os.scandir(folder) as it:
-            signature = sorted(
-                (e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(".json")
-            )
+            signature = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(".json"))
     except OSError:
         signature = None
     if signature is None or signature != _SHIPPED_KINDS[0]:
