@@ -39,6 +39,7 @@ share one joint structure (e.g. all x/y/z hinge triplets are solved as one batch
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -342,6 +343,13 @@ def _solve_hinge1(axis, comps):
     return angle, residual
 
 
+@functools.lru_cache(maxsize=256)
+def _hinge2_consts(axes):
+    """``(a1 . a2, a1 x a2)`` of a hinge pair (snapped), per axes tuple: constants, not rebuilt every call."""
+    a1, a2 = axes
+    return _snap(float(np.dot(a1, a2))), _snapv(np.cross(a1, a2))
+
+
 def _solve_hinge2(axes, comps):
     """Best fit of exp(a1 t1) exp(a2 t2) to J: the top singular pair of
     ``M = [[<1,J>, <a2,J>], [<a1,J>, <a1 a2,J>]]`` gives ``(cos t1/2, sin t1/2)`` and
@@ -349,8 +357,7 @@ def _solve_hinge2(axes, comps):
     a1, a2 = axes
     w, x, y, z = comps
     v = (x, y, z)
-    d12 = _snap(float(np.dot(a1, a2)))
-    c12 = _snapv(np.cross(a1, a2))
+    d12, c12 = _hinge2_consts(axes) if isinstance(axes, tuple) else _hinge2_consts.__wrapped__(axes)
     m00 = w
     m01 = _arr(_dot(v, a2), w)
     m10 = _arr(_dot(v, a1), w)
@@ -629,6 +636,10 @@ class ArticulationMotionMapper:
             )
         self._davenport = {g.axes: _Davenport(g.axes) for g in self._groups if g.kind == _HINGE3}
         self._group_rest_identity = {id(g): bool(np.all(self._rest_is_identity[g.bodies])) for g in self._groups}
+        turned = [g for g in self._groups if not self._group_rest_identity[id(g)]]
+        self._rest_union = np.unique(np.concatenate([g.bodies for g in turned])) if turned else np.zeros(0, np.int64)
+        self._rest_union_pos = {id(g): np.searchsorted(self._rest_union, g.bodies) for g in turned}
+        self._rest_union_inv: dict = {}  # dtype -> rest^-1 of self._rest_union [U, 4]
         self._two_branch_slow = {
             id(g): (g.kind == _HINGE3 and not g.complete)
             or (g.kind == _CHAIN and len(_merge_parallel(np.array(g.axes))[0]) >= 3)
@@ -984,8 +995,7 @@ class ArticulationMotionMapper:
                     q1, q0 = R.quat_normalize(q1), R.quat_normalize(q0)
                 rel = R.quat_multiply(q1, R.quat_conjugate(q0))
                 qd[s:e, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
-        qd[0] = lay.difference(q[1], q[0], dt)
-        qd[-1] = lay.difference(q[-1], q[-2], dt)
+        qd[[0, -1]] = lay.difference(q[[1, -1]], q[[0, -2]], dt)  # both ends in one call (rows independent)
         return qd
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -1073,6 +1083,16 @@ class ArticulationMotionMapper:
         first = np.where(quat[:1, ..., :1] < 0, -1.0, 1.0).astype(quat.dtype)
         return R.quat_hemisphere_continuity(quat * first, axis=0)
 
+    def _rest_joint_block(self, Lt: np.ndarray) -> np.ndarray:
+        """Joint rotations ``rest^-1 * local`` ``[4, m, U]`` (C-contiguous) of the bodies of every group whose rest
+        rotations are not all the identity (``self._rest_union``), from a block ``Lt [4, m, B]``: the same
+        products as :meth:`_group_comps` per group, in one call."""
+        key = Lt.dtype.str
+        r = self._rest_union_inv.get(key)
+        if r is None:
+            r = self._rest_union_inv[key] = self._rest_inv[self._rest_union].astype(Lt.dtype)  # [U, 4]
+        return np.moveaxis(R.quat_multiply(r, np.moveaxis(Lt[:, :, self._rest_union], 0, -1)), -1, 0)
+
     def _group_comps(self, g: _Group, Lt: np.ndarray) -> np.ndarray:
         """Joint rotations ``[4, m, k]`` (C-contiguous, so each component ``[m, k]`` is contiguous) of the
         group's bodies, from a block ``Lt [4, m, B]`` of local rotations."""
@@ -1115,7 +1135,7 @@ class ArticulationMotionMapper:
             bufs = {i: np.zeros((6, len(g.bodies))) for g in fast if (i := id(g)) in native}
         for s in range(0, N, _CHUNK):
             e = min(s + _CHUNK, N)
-            Lt = None
+            Lt = Jr = None
             if native:  # the kernels flag zero quaternions of their bodies; the others are checked here
                 self._check_nonzero(np.ascontiguousarray(L[s:e, others].transpose(2, 0, 1)), s, others)
             for g in self._groups:
@@ -1125,7 +1145,12 @@ class ArticulationMotionMapper:
                 if Lt is None:
                     Lt = np.ascontiguousarray(L[s:e].transpose(2, 0, 1))
                     self._check_nonzero(Lt, s)
-                Lg = self._group_comps(g, Lt)
+                if self._group_rest_identity[id(g)]:
+                    Lg = Lt[:, :, g.bodies]
+                else:  # rest^-1 * local of every such group's bodies in one product per block
+                    if Jr is None:
+                        Jr = self._rest_joint_block(Lt)
+                    Lg = Jr[:, :, self._rest_union_pos[id(g)]]
                 comps = tuple(Lg)
                 qcols = hq[g.hinge_cols]
                 if g.kind == _HINGE1:
