@@ -209,6 +209,9 @@ def _coerce(*xs):
     Returns ``(ops, *arrays)``. Torch wins if any argument is a torch tensor; the dtype is the
     promotion of the floating array arguments (Python scalars, lists and integer arrays take it).
     """
+    d = xs[0].dtype if xs and type(xs[0]) is np.ndarray else None
+    if d is not None and d.kind == "f" and all(type(x) is np.ndarray and x.dtype == d for x in xs):
+        return (_NUMPY_OPS, *xs)  # the common case, as below without the per-argument checks (small-array calls)
     if any(_is_torch(x) for x in xs):
         ops = _torch_ops()
         torch = ops.torch
