@@ -9,6 +9,8 @@ the held place and their weight ramps smoothly over ``blend_s``, so the foot is 
 Where the source has heel and toe, the rear sole points are held only while its heel is down and the front ones
 only while its toe is down (the foot rolls over its toe at heel-off as the source's does), and where the source
 heel itself wanders more than :data:`HOLD_RADIUS_M` within a phase (a shuffle), the held sole follows the excess.
+With ``pivot`` the held foot turns with the source foot frame by frame about its sole centre instead of keeping one
+heading per phase.
 """
 
 from __future__ import annotations
