@@ -640,6 +640,8 @@ class ArticulationMotionMapper:
         self._rest_union = np.unique(np.concatenate([g.bodies for g in turned])) if turned else np.zeros(0, np.int64)
         self._rest_union_pos = {id(g): np.searchsorted(self._rest_union, g.bodies) for g in turned}
         self._rest_union_inv: dict = {}  # dtype -> rest^-1 of self._rest_union [U, 4]
+        self._cost_cols: dict = {}  # id(group) -> _cost_columns
+        self._summary_plan = None  # _build_summary_plan, on the first mapping
         self._two_branch_slow = {
             id(g): (g.kind == _HINGE3 and not g.complete)
             or (g.kind == _CHAIN and len(_merge_parallel(np.array(g.axes))[0]) >= 3)
@@ -814,13 +816,13 @@ class ArticulationMotionMapper:
         ``1e-6``, whether they hold for the final ``q``); ``max_residual``: the largest residual when known (0 by
         construction), else read from ``residual``."""
         lay = self.layout
-        scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
+        plan = self._summary_plan
+        if plan is None:  # layout constants: built on the first call
+            plan = self._summary_plan = self._build_summary_plan()
+        scalar, qcols, vcols, lo, hi, pick, hinge_names = plan
         viol = {}
         n = q.shape[0]
         if scalar and n:
-            qcols = np.array([b.q_offset for b in scalar])
-            vcols = np.array([b.qd_offset for b in scalar])
-            lo, hi = np.asarray(lay.dof_lower)[vcols], np.asarray(lay.dof_upper)[vcols]
             worst_over = np.zeros(len(scalar))
             count = np.zeros(len(scalar), dtype=np.int64)
             todo = np.ones(len(scalar), dtype=bool)
@@ -830,8 +832,6 @@ class ArticulationMotionMapper:
                     h = column.get(b.q_offset)
                     if h is not None and hinge_over[2][h]:
                         worst_over[i], count[i], todo[i] = hinge_over[0][h], int(hinge_over[1][h]), False
-            contiguous = bool(np.array_equal(qcols, np.arange(qcols[0], qcols[0] + len(qcols))))
-            pick = slice(int(qcols[0]), int(qcols[0]) + len(qcols)) if contiguous else qcols
             for s in range(0, n if todo.any() else 0, _SUMMARY_CHUNK):  # frame blocks: temporaries in cache
                 block = q[s : s + _SUMMARY_CHUNK, pick]
                 if clamp_to_limits:
@@ -851,7 +851,7 @@ class ArticulationMotionMapper:
                 if float(worst_over[i]) > 1e-6:
                     viol[lay.dof_names[b.qd_offset]] = {"max": float(worst_over[i]), "fraction": float(count[i] / n)}
         worst = sorted(viol.items(), key=lambda kv: -kv[1]["max"])[:10]
-        names = [lay.dof_names[int(v)] for v in self._hinge_v] if len(self._hinge_v) else []
+        names = hinge_names
         return {
             "clamp_to_limits": bool(clamp_to_limits),
             "max_residual_angle": float(max_residual)
@@ -863,6 +863,20 @@ class ArticulationMotionMapper:
             "clamped_max": float(max(clamped.max(), -clamped.min())) if clamp_to_limits and clamped.size else 0.0,
             "rewrapped_frames": {names[i]: int(n) for i, n in enumerate(rewrapped) if n},
         }
+
+    def _build_summary_plan(self) -> tuple:
+        """The layout constants of :meth:`_mapping_summary`: the limited scalar blocks, their q and qd columns,
+        limits, the q selection (a slice when contiguous) and the hinge DOF names."""
+        lay = self.layout
+        scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
+        qcols = np.array([b.q_offset for b in scalar], dtype=np.int64)
+        vcols = np.array([b.qd_offset for b in scalar], dtype=np.int64)
+        lo, hi = np.asarray(lay.dof_lower)[vcols], np.asarray(lay.dof_upper)[vcols]
+        pick = qcols
+        if scalar and np.array_equal(qcols, np.arange(qcols[0], qcols[0] + len(qcols))):
+            pick = slice(int(qcols[0]), int(qcols[0]) + len(qcols))
+        names = [lay.dof_names[int(v)] for v in self._hinge_v] if len(self._hinge_v) else []
+        return scalar, qcols, vcols, lo, hi, pick, names
 
     def to_articulation_coordinates(
         self, skeleton_state: SkeletonState, *, clamp_to_limits: bool = False
@@ -1386,12 +1400,12 @@ class ArticulationMotionMapper:
         q[s:e, qcols[:, 0]] = t1
         q[s:e, qcols[:, 1]] = t2
         q[s:e, qcols[:, 2]] = t3
-        cols = g.hinge_cols
         t2b = R.wrap_angle(2.0 * dv.phi - t2)  # branch 1: (t1 - pi sign(t1), 2 phi - t2, t3 - pi sign(t3))
         if self._group_narrow[id(g)]:
-            c0 = self._angle_cost(cols[:, 0], t1) + self._angle_cost(cols[:, 1], t2) + self._angle_cost(cols[:, 2], t3)
-            c1 = self._angle_cost(cols[:, 0], t1 - np.copysign(np.pi, t1)) + self._angle_cost(cols[:, 1], t2b)
-            c1 += self._angle_cost(cols[:, 2], t3 - np.copysign(np.pi, t3))
+            k0, k1, k2 = self._cost_columns(g)
+            c0 = self._angle_cost(k0, t1) + self._angle_cost(k1, t2) + self._angle_cost(k2, t3)
+            c1 = self._angle_cost(k0, t1 - np.copysign(np.pi, t1)) + self._angle_cost(k1, t2b)
+            c1 += self._angle_cost(k2, t3 - np.copysign(np.pi, t3))
             dcost[s:e] = c1 - c0
         else:  # limits never bind: cost = w * (sum of |angles|), |t - pi sign(t)| = pi - |t|
             dc = np.abs(t1)
@@ -1428,15 +1442,30 @@ class ArticulationMotionMapper:
         a_last = alpha[-1].copy() if alpha is not None else np.abs(R.wrap_angle(t2[-1] - dv.phi))
         carry[id(g)] = (t1[-1].copy(), a_last, t3[-1].copy())
 
-    def _angle_cost(self, cols, theta):
+    def _cost_columns(self, g: _Group) -> tuple:
+        """Per hinge position ``i`` of a 3-hinge group: ``(narrow, ref, center, lo, hi)`` of the hinge-table
+        columns ``g.hinge_cols[:, i]`` (``narrow``: any of them spans less than 2 pi; the rest None when not),
+        built once per group (layout constants)."""
+        out = self._cost_cols.get(id(g))
+        if out is None:
+            out = []
+            for i in range(g.hinge_cols.shape[1]):
+                cols = g.hinge_cols[:, i]
+                narrow = bool(self._hinge_narrow[cols].any())
+                tables = (self._hinge_ref, self._hinge_center, self._hinge_lo, self._hinge_hi)
+                out.append((narrow, *(t[cols] if narrow else None for t in tables)))
+            out = self._cost_cols[id(g)] = tuple(out)
+        return out
+
+    def _angle_cost(self, consts, theta):
         """Branch cost ``[m, k]`` of one hinge per body: limit violation (the best 2 pi shift) plus a small
-        weight on the angle's size; ``cols [k]`` hinge-table columns, ``theta [m, k]`` in [-pi, pi]."""
+        weight on the angle's size; ``consts`` the hinge's columns (:meth:`_cost_columns`), ``theta [m, k]`` in
+        [-pi, pi]."""
         cost = _COST_ANGLE_WEIGHT * np.abs(theta)
-        if self._hinge_narrow[cols].any():
-            ref, c = self._hinge_ref[cols], self._hinge_center[cols]
+        narrow, ref, c, lo, hi = consts
+        if narrow:
             qv = theta + ref.astype(theta.dtype)
             qv = qv - _TWO_PI * np.rint((qv - c) / _TWO_PI)
-            lo, hi = self._hinge_lo[cols], self._hinge_hi[cols]
             viol = np.maximum(lo - qv, 0.0) + np.maximum(qv - hi, 0.0)
             cost = cost + viol.astype(theta.dtype)
         return cost
