@@ -993,6 +993,8 @@ class ArticulationMotionMapper:
             qd = np.empty((n, lay.nv), dtype=q.dtype)
         else:
             qd = np.zeros((n, lay.nv), dtype=q.dtype)
+        if pre is None and n <= _CHUNK and q.dtype.kind == "f":
+            return self._velocities_small(q, qd, dt, unit=unit)
         # inside: layout.difference(q[2:], q[:-2], 2 dt) block by block, written in place (no [frames, nv]
         # temporaries); the same operations, so the same values
         for s in range(1, n - 1, _CHUNK):  # frame blocks: the difference is still in cache when divided
@@ -1010,6 +1012,33 @@ class ArticulationMotionMapper:
                 rel = R.quat_multiply(q1, R.quat_conjugate(q0))
                 qd[s:e, v0 : v0 + 3] = R.quat_to_rotvec(rel) / (2.0 * dt)
         qd[[0, -1]] = lay.difference(q[[1, -1]], q[[0, -2]], dt)  # both ends in one call (rows independent)
+        return qd
+
+    def _velocities_small(self, q, qd, dt: float, *, unit: bool) -> np.ndarray:
+        """:meth:`_velocities` of a clip of at most ``_CHUNK`` frames (``n >= 2``) into ``qd``, all rows at once:
+        row ``t`` is ``(q[hi] - q[lo]) / d`` with ``hi = min(t + 1, n - 1)``, ``lo = max(t - 1, 0)``, ``d = 2 dt``
+        inside and ``dt`` at the ends (the ends' quaternions normalised, as ``layout.difference`` does). Each
+        element goes through the same operations as the block loop and ``layout.difference``, so the values are
+        the same; a handful of calls instead of a loop's and ``difference``'s per-call overhead (short clips)."""
+        n = q.shape[0]
+        runs, rots = self._tangent_runs
+        hi = np.arange(1, n + 1)
+        hi[-1] = n - 1
+        lo = np.arange(-1, n - 1)
+        lo[0] = 0
+        div = np.full((n, 1), 2.0 * dt, dtype=q.dtype)
+        div[0] = div[-1] = dt
+        for a, v0, k in runs:
+            np.divide(q[hi, a : a + k] - q[lo, a : a + k], div, out=qd[:, v0 : v0 + k])
+        for a, v0 in rots:
+            q1, q0 = q[hi, a : a + 4], q[lo, a : a + 4]
+            if unit:  # the ends as layout.difference takes them: normalised
+                ends = R.quat_normalize(np.stack([q1[[0, -1]], q0[[0, -1]]]))
+                q1[[0, -1]], q0[[0, -1]] = ends[0], ends[1]
+            else:
+                q1, q0 = R.quat_normalize(q1), R.quat_normalize(q0)
+            rel = R.quat_multiply(q1, R.quat_conjugate(q0))
+            qd[:, v0 : v0 + 3] = R.quat_to_rotvec(rel) / div
         return qd
 
     # -- helpers ---------------------------------------------------------------------------------------
