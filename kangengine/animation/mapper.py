@@ -1431,10 +1431,13 @@ class ArticulationMotionMapper:
         q[s:e, qcols[:, 2]] = t3
         t2b = R.wrap_angle(2.0 * dv.phi - t2)  # branch 1: (t1 - pi sign(t1), 2 phi - t2, t3 - pi sign(t3))
         if self._group_narrow[id(g)]:
-            k0, k1, k2 = self._cost_columns(g)
-            c0 = self._angle_cost(k0, t1) + self._angle_cost(k1, t2) + self._angle_cost(k2, t3)
-            c1 = self._angle_cost(k0, t1 - np.copysign(np.pi, t1)) + self._angle_cost(k1, t2b)
-            c1 += self._angle_cost(k2, t3 - np.copysign(np.pi, t3))
+            # the six hinge costs (three per branch) as one [m, 6k] array: the same operations per element
+            k = len(g.bodies)
+            both = np.concatenate([t1, t2, t3, t1 - np.copysign(np.pi, t1), t2b, t3 - np.copysign(np.pi, t3)], axis=1)
+            c = self._angle_cost(self._cost_columns(g), both)
+            c0 = c[:, :k] + c[:, k : 2 * k] + c[:, 2 * k : 3 * k]
+            c1 = c[:, 3 * k : 4 * k] + c[:, 4 * k : 5 * k]
+            c1 += c[:, 5 * k :]
             dcost[s:e] = c1 - c0
         else:  # limits never bind: cost = w * (sum of |angles|), |t - pi sign(t)| = pi - |t|
             dc = np.abs(t1)
@@ -1472,18 +1475,21 @@ class ArticulationMotionMapper:
         carry[id(g)] = (t1[-1].copy(), a_last, t3[-1].copy())
 
     def _cost_columns(self, g: _Group) -> tuple:
-        """Per hinge position ``i`` of a 3-hinge group: ``(narrow, ref, center, lo, hi)`` of the hinge-table
-        columns ``g.hinge_cols[:, i]`` (``narrow``: any of them spans less than 2 pi; the rest None when not),
-        built once per group (layout constants)."""
+        """``(True, ref, center, lo, hi)`` ``[6k]`` of a 3-hinge group's hinge-table columns in the order of the
+        six costs of :meth:`_fast_block` (hinges 1, 2, 3 of every body, twice); a hinge position none of whose
+        columns is narrow gets limits ``(-inf, inf)``, so its violation is exactly 0 (its cost the angle term
+        alone, as for a position without narrow columns). Built once per group (layout constants)."""
         out = self._cost_cols.get(id(g))
         if out is None:
-            out = []
+            parts = []
             for i in range(g.hinge_cols.shape[1]):
                 cols = g.hinge_cols[:, i]
-                narrow = bool(self._hinge_narrow[cols].any())
-                tables = (self._hinge_ref, self._hinge_center, self._hinge_lo, self._hinge_hi)
-                out.append((narrow, *(t[cols] if narrow else None for t in tables)))
-            out = self._cost_cols[id(g)] = tuple(out)
+                lo, hi = self._hinge_lo[cols], self._hinge_hi[cols]
+                if not self._hinge_narrow[cols].any():
+                    lo, hi = np.full_like(lo, -np.inf), np.full_like(hi, np.inf)
+                parts.append((self._hinge_ref[cols], self._hinge_center[cols], lo, hi))
+            tables = [np.concatenate([p[j] for p in parts] * 2) for j in range(4)]
+            out = self._cost_cols[id(g)] = (True, *tables)
         return out
 
     def _angle_cost(self, consts, theta):
