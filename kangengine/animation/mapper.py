@@ -642,6 +642,7 @@ class ArticulationMotionMapper:
         self._rest_union_inv: dict = {}  # dtype -> rest^-1 of self._rest_union [U, 4]
         self._cost_cols: dict = {}  # id(group) -> _cost_columns
         self._summary_plan = None  # _build_summary_plan, on the first mapping
+        self._trees_ok: set = set()  # skeletons (by exact contents) that passed _check_tree without a warning
         self._two_branch_slow = {
             id(g): (g.kind == _HINGE3 and not g.complete)
             or (g.kind == _CHAIN and len(_merge_parallel(np.array(g.axes))[0]) >= 3)
@@ -664,6 +665,20 @@ class ArticulationMotionMapper:
         self._tangent_runs = lay.tangent_runs
         runs, rots = self._tangent_runs
         self._tangent_covers = sum(k for _, _, k in runs) + 3 * len(rots) == lay.nv
+        hq = self._hinge_q
+        self._hinge_contiguous = bool(len(hq)) and bool(np.array_equal(hq, np.arange(hq[0], hq[0] + len(hq))))
+        self._group_qcols = {id(g): hq[g.hinge_cols] for g in self._groups}  # [k, n] q columns per group
+        # the complete 3-hinge groups the native Euler kernel handles (axes +-e_i, +-e_j, +-e_k, identity rest
+        # rotations, limits that never bind)
+        self._native_groups = [
+            g
+            for g in self._groups
+            if g.kind == _HINGE3
+            and self._davenport[g.axes].euler is not None
+            and g.complete
+            and not self._group_narrow[id(g)]
+            and self._group_rest_identity[id(g)]
+        ]
         self._fused_spec = self._fused_plan()
 
     def _fused_plan(self):
@@ -714,6 +729,21 @@ class ArticulationMotionMapper:
 
     # -- input checks ----------------------------------------------------------------------------------
     def _check_tree(self, tree: SkeletonTree, what: str):
+        """The input checks of a skeleton (names, order, parents; offsets warn). A skeleton that passed every
+        check without a warning is remembered by its exact contents (names, parent and offset bytes), so the
+        next motion on the same skeleton skips the comparisons; any other skeleton is checked in full."""
+        lt, parents = tree.local_translation, tree.parent_indices
+        key = (tuple(tree.node_names), parents.dtype.str, parents.tobytes(), lt.dtype.str, lt.shape, lt.tobytes())
+        if key in self._trees_ok:
+            return
+        if self._check_tree_full(tree, what):  # warned: not remembered, the next motion on it warns again
+            return
+        if len(self._trees_ok) >= 64:  # a bounded memory: skeletons of many shapes are checked in full again
+            self._trees_ok.clear()
+        self._trees_ok.add(key)
+
+    def _check_tree_full(self, tree: SkeletonTree, what: str) -> bool:
+        """:meth:`_check_tree` in full; True when the offsets differ (warned)."""
         names = self.layout.body_names
         if tree.node_names != names:
             unknown = [n for n in tree.node_names if n not in names]
@@ -745,8 +775,10 @@ class ArticulationMotionMapper:
                 f"{what} skeleton offsets differ from the articulation's rest offsets (max {diff:.3g} m): "
                 "rotations are mapped, but body positions will follow the articulation",
                 SkeletonOffsetWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+            return True
+        return False
 
     # -- public API ----------------------------------------------------------------------------------
     def to_articulation_motion(
@@ -1195,7 +1227,7 @@ class ArticulationMotionMapper:
                         Jr = self._rest_joint_block(Lt)
                     Lg = Jr[:, :, self._rest_union_pos[id(g)]]
                 comps = tuple(Lg)
-                qcols = hq[g.hinge_cols]
+                qcols = self._group_qcols[id(g)]
                 if g.kind == _HINGE1:
                     t, r = _solve_hinge1(g.axes[0], comps)
                     q[s:e, qcols[:, 0]] = t
@@ -1227,7 +1259,7 @@ class ArticulationMotionMapper:
                     _solve_davenport(self._davenport[g.axes], comps, th[:, s:e], res[:, s:e])
         # branch decisions
         use_b1 = {}
-        contiguous = bool(np.array_equal(hq, np.arange(hq[0], hq[0] + len(hq))))
+        contiguous = self._hinge_contiguous
         place = self._native_place(dt, fast, contiguous) if native and len(native) == len(fast) and N else None
         if place is not None:  # the second pass follows the tracks itself: only which one is cheaper
             g = fast[0]
@@ -1258,12 +1290,8 @@ class ArticulationMotionMapper:
         from . import native_mapper
 
         out = {}
-        for g in self._groups:
-            dv = self._davenport.get(g.axes) if g.kind == _HINGE3 else None
-            if dv is None or dv.euler is None or not g.complete or self._group_narrow[id(g)]:
-                continue
-            if not self._group_rest_identity[id(g)]:
-                continue
+        for g in self._native_groups:
+            dv = self._davenport[g.axes]
             key = (id(g), np.dtype(dtype).str)
             if key not in self._native_cache:
                 order, signs = dv.euler
@@ -1425,7 +1453,7 @@ class ArticulationMotionMapper:
         else:
             ((t1, t2, t3),), alpha = _davenport_core(dv, tuple(Lg), (-1.0,))
             t2 = R.wrap_angle(t2)
-        qcols = self._hinge_q[g.hinge_cols]
+        qcols = self._group_qcols[id(g)]
         q[s:e, qcols[:, 0]] = t1
         q[s:e, qcols[:, 1]] = t2
         q[s:e, qcols[:, 2]] = t3
@@ -1552,7 +1580,7 @@ class ArticulationMotionMapper:
         middle (unlimited: of ``ref``)."""
         N = q.shape[0]
         hq = self._hinge_q
-        contiguous = bool(np.array_equal(hq, np.arange(hq[0], hq[0] + len(hq))))
+        contiguous = self._hinge_contiguous
         cols_q = slice(int(hq[0]), int(hq[0]) + len(hq)) if contiguous else hq  # slices: no fancy indexing
         dt = q.dtype
         ref = self._hinge_ref.astype(dt)
