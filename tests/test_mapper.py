@@ -1346,3 +1346,102 @@ def test_fused_pass_shortcuts_with_offset_limits_and_reference_angles(tmp_path):
     for name, v in summary["limit_violation_dofs"].items():
         assert v["max"] == pytest.approx(want[name][0], abs=1e-12) and v["fraction"] == want[name][1]
     assert summary["limit_violation_dofs"].keys() == ref.metadata["mapper"]["limit_violation_dofs"].keys()
+
+
+def _cmu_crop_on_robot(layout, seconds: float, start: int):
+    """A real CMU walk crop (BVH, resampled to 30 fps as ``convert`` does) retargeted onto the CMU humanoid."""
+    import kangengine as ke
+
+    source = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
+    n = int(round(seconds * source.fps))
+    crop = SkeletonMotion(
+        source.tree,
+        source.root_translation[start : start + n],
+        source.local_rotation[start : start + n],
+        source.fps,
+    ).resample(30.0)
+    return ke.retarget.retarget_motion(crop, "cmu_bvh_to_cmu_humanoid").motion
+
+
+def _same_mapping(a: MappingResult, b: MappingResult):
+    """Bit for bit: q, qd, residuals, clamping amounts and the mapper's summary."""
+    for x, y in [(a.motion.q, b.motion.q), (a.motion.qd, b.motion.qd), (a.residual_angles, b.residual_angles)]:
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert np.array_equal(a.clamped, b.clamped)
+    assert a.motion.metadata["mapper"] == b.motion.metadata["mapper"]
+
+
+def test_per_mapper_caches_give_the_results_of_a_fresh_mapper_and_are_not_shared():
+    """The mapper keeps layout constants and the skeletons that passed its checks between calls: a second,
+    third call (short clips and long, float32 and float64, clamped or not, interleaved with another layout's
+    mapper) gives exactly what a fresh mapper gives on its first call, and each layout's mapper keeps its own."""
+    from kangengine.data import data_path
+
+    desc = MJCFLoader.load(data_path("humanoid_CMU.xml"))
+    free = ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    fixed = ArticulationCoordinateLayout.from_data(data=desc, free_root=False)
+    assert free.model_signature != fixed.model_signature
+    kept = {lay.model_signature: ArticulationMotionMapper(lay) for lay in (free, fixed)}
+    clips = [_cmu_crop_on_robot(free, s, start) for s, start in [(1.0, 0), (2.5, 60)]]
+    clips.append(SkeletonMotion(clips[0].tree, clips[0].root_translation.astype(np.float64),
+                                clips[0].local_rotation.astype(np.float64), clips[0].fps))  # fmt: skip
+    for _ in range(2):
+        for clip in clips:
+            for lay in (free, fixed):
+                for clamp in (False, True):
+                    got = kept[lay.model_signature].to_articulation_motion(clip, clamp_to_limits=clamp)
+                    want = ArticulationMotionMapper(lay).to_articulation_motion(clip, clamp_to_limits=clamp)
+                    _same_mapping(got, want)
+                    assert got.motion.q.shape == (clip.local_rotation.shape[0], lay.nq)
+    a, b = kept.values()
+    assert a._trees_ok is not b._trees_ok and a._summary_plan is not b._summary_plan
+
+
+def test_checked_skeletons_are_remembered_by_content_not_identity():
+    """After a skeleton passed the checks, one with other offsets still warns (every time) and one with other
+    parents is still refused."""
+    from kangengine.data import data_path
+
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_path("humanoid_CMU.xml")))
+    mapper = ArticulationMotionMapper(layout)
+    clip = _cmu_crop_on_robot(layout, 1.0, 0)
+    own = SkeletonTree(clip.tree.node_names, clip.tree.parent_indices, clip.tree.local_translation.copy())
+
+    def on(tree):
+        return SkeletonMotion(tree, clip.root_translation, clip.local_rotation, clip.fps)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkeletonOffsetWarning)
+        first = mapper.to_articulation_motion(on(own))
+        again = mapper.to_articulation_motion(on(own))
+    _same_mapping(first, again)
+    scaled = SkeletonTree(own.node_names, own.parent_indices, own.local_translation * 1.3)
+    for _ in range(2):  # not remembered after a warning
+        with pytest.warns(SkeletonOffsetWarning):
+            _same_mapping(mapper.to_articulation_motion(on(scaled)), first)
+    other_parent = np.array(own.parent_indices)
+    other_parent[-1] = 0
+    with pytest.raises(LayoutMismatch, match="parents"):
+        mapper.to_articulation_motion(on(SkeletonTree(own.node_names, other_parent, own.local_translation)))
+    assert not own.local_translation.flags.writeable  # a tree cannot change under its remembered contents
+
+
+@pytest.mark.parametrize("n", [2, 3, 30, 75, 4097])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_velocities_of_short_and_long_clips_are_layout_differences_bit_for_bit(n, dtype):
+    """``velocities`` (one pass over all rows for clips of one block, the block loop beyond) equals
+    ``layout.difference`` of the rows two apart over ``2 dt`` inside and one apart over ``dt`` at the ends,
+    exactly."""
+    from kangengine.data import data_path
+
+    layout = ArticulationCoordinateLayout.from_data(data=MJCFLoader.load(data_path("humanoid_CMU.xml")))
+    mapper = ArticulationMotionMapper(layout)
+    q = _turning_q(layout, n, 30.0, seed=n).astype(dtype)
+    dt = 1.0 / 30.0
+    want = np.empty((n, layout.nv), dtype=dtype)
+    want[0] = layout.difference(q[1], q[0], dt)
+    want[-1] = layout.difference(q[-1], q[-2], dt)
+    if n > 2:
+        want[1:-1] = layout.difference(q[2:], q[:-2], 2.0 * dt)
+    got = mapper.velocities(q, 30.0)
+    assert got.dtype == dtype and np.array_equal(got, want)

@@ -642,6 +642,7 @@ class ArticulationMotionMapper:
         self._rest_union_inv: dict = {}  # dtype -> rest^-1 of self._rest_union [U, 4]
         self._cost_cols: dict = {}  # id(group) -> _cost_columns
         self._summary_plan = None  # _build_summary_plan, on the first mapping
+        self._joint_names = lay.joint_names  # a tuple, built from the blocks on every access
         self._trees_ok: set = set()  # skeletons (by exact contents) that passed _check_tree without a warning
         self._two_branch_slow = {
             id(g): (g.kind == _HINGE3 and not g.complete)
@@ -835,7 +836,7 @@ class ArticulationMotionMapper:
         qd = self._velocities(q_path, fps, None if qd_out is None else qd_out["qd"], unit=True)
         meta = dict(skeleton_motion.metadata)
         meta["mapper"] = self._mapping_summary(q, residual, clamped, rewrapped, clamp_to_limits)
-        motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=lay.joint_names, metadata=meta)
+        motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=self._joint_names, metadata=meta)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
 
     def _mapping_summary(
@@ -879,9 +880,9 @@ class ArticulationMotionMapper:
                 over += np.maximum(col - hi[out], 0.0)
                 worst_over[out] = np.maximum(worst_over[out], over.max(axis=0))
                 count[out] += np.count_nonzero(over > 1e-6, axis=0)
-            for i, b in enumerate(scalar):
-                if float(worst_over[i]) > 1e-6:
-                    viol[lay.dof_names[b.qd_offset]] = {"max": float(worst_over[i]), "fraction": float(count[i] / n)}
+            for i in np.flatnonzero(worst_over > 1e-6):  # in column order, as a loop over all of them
+                b = scalar[i]
+                viol[lay.dof_names[b.qd_offset]] = {"max": float(worst_over[i]), "fraction": float(count[i] / n)}
         worst = sorted(viol.items(), key=lambda kv: -kv[1]["max"])[:10]
         names = hinge_names
         return {
@@ -893,7 +894,7 @@ class ArticulationMotionMapper:
             "limit_violation_dofs": dict(worst),
             # zeros unless clamping (never read then: a zero array's pages stay unallocated); no |.| temporary
             "clamped_max": float(max(clamped.max(), -clamped.min())) if clamp_to_limits and clamped.size else 0.0,
-            "rewrapped_frames": {names[i]: int(n) for i, n in enumerate(rewrapped) if n},
+            "rewrapped_frames": {names[i]: int(rewrapped[i]) for i in np.flatnonzero(rewrapped)},
         }
 
     def _build_summary_plan(self) -> tuple:
