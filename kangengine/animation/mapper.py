@@ -331,13 +331,86 @@ class _Davenport:
             self.euler = ("".join("xyz"[i] for i in basis), signs)
 
 
-def _solve_hinge1(axis, comps):
-    """Swing-twist about ``axis``: (angle in [-pi, pi], residual = swing angle), arrays like ``comps``."""
+class _Sym:
+    """A component while a folded expression is traced (:func:`_folded`): each arithmetic op on it appends one
+    Python statement (the same operation, the same operand order) to ``lines``."""
+
+    __slots__ = ("name", "lines")
+
+    def __init__(self, name: str, lines: list):
+        self.name, self.lines = name, lines
+
+    def _op(self, expr: str) -> _Sym:
+        out = _Sym(f"t{len(self.lines)}", self.lines)
+        self.lines.append(f"    {out.name} = {expr}")
+        return out
+
+    @staticmethod
+    def _s(o) -> str:
+        return o.name if isinstance(o, _Sym) else f"({float(o)!r})"
+
+    def __mul__(self, o):
+        return self._op(f"{self.name} * {self._s(o)}")
+
+    def __rmul__(self, o):
+        return self._op(f"{self._s(o)} * {self.name}")
+
+    def __add__(self, o):
+        return self._op(f"{self.name} + {self._s(o)}")
+
+    def __radd__(self, o):
+        return self._op(f"{self._s(o)} + {self.name}")
+
+    def __sub__(self, o):
+        return self._op(f"{self.name} - {self._s(o)}")
+
+    def __rsub__(self, o):
+        return self._op(f"{self._s(o)} - {self.name}")
+
+    def __neg__(self):
+        return self._op(f"-{self.name}")
+
+
+def _hinge1_terms(axis, comps):
+    """``(w a . v, |v - (a . v) a|^2)`` folded (constants of ``axis`` fold away); components or traced."""
     w, x, y, z = comps
     v = (x, y, z)
     t = _dot(v, axis)
     perp = tuple(_sub(v[i], _mul(t, axis[i])) for i in range(3))
-    pn = _arr(_dot(perp, perp), w)
+    return t, _dot(perp, perp)
+
+
+def _hinge2_terms(axes, comps):
+    """``(<a2, v>, <a1, v>, -d12 w + <a1 x a2, v>)`` folded; components or traced."""
+    a1, a2 = axes
+    w, x, y, z = comps
+    v = (x, y, z)
+    d12, c12 = _hinge2_consts(axes) if isinstance(axes, tuple) else _hinge2_consts.__wrapped__(axes)
+    return _dot(v, a2), _dot(v, a1), _add(_mul(w, -d12), _dot(v, c12))
+
+
+@functools.lru_cache(maxsize=256)
+def _folded(terms, axes):
+    """``terms(axes, comps)`` (:func:`_hinge1_terms` / :func:`_hinge2_terms`) as a function of ``(w, x, y, z)``
+    compiled once per axes: the folded arithmetic traced into straight-line code (the same numpy operations in
+    the same order, so the same values) without the folding helpers' per-call work."""
+    lines: list = []
+    outs = terms(axes, tuple(_Sym(n, lines) for n in "wxyz"))
+    ret = ", ".join(_Sym._s(o) for o in outs)
+    src = "def _f(w, x, y, z):\n" + "\n".join(lines + [f"    return ({ret},)"]) + "\n"
+    scope: dict = {}
+    exec(compile(src, f"<mapper fold {terms.__name__} {axes}>", "exec"), scope)  # our own generated code
+    return scope["_f"]
+
+
+def _solve_hinge1(axis, comps):
+    """Swing-twist about ``axis``: (angle in [-pi, pi], residual = swing angle), arrays like ``comps``."""
+    w = comps[0]
+    if isinstance(axis, tuple):
+        t, pn = _folded(_hinge1_terms, axis)(*comps)
+    else:
+        t, pn = _hinge1_terms(axis, comps)
+    pn = _arr(pn, w)
     angle = R.wrap_angle(2.0 * np.arctan2(_arr(t, w), w))
     residual = 2.0 * np.arctan2(np.sqrt(pn), np.sqrt(w * w + t * t))
     return angle, residual
@@ -354,14 +427,15 @@ def _solve_hinge2(axes, comps):
     """Best fit of exp(a1 t1) exp(a2 t2) to J: the top singular pair of
     ``M = [[<1,J>, <a2,J>], [<a1,J>, <a1 a2,J>]]`` gives ``(cos t1/2, sin t1/2)`` and
     ``(cos t2/2, sin t2/2)``; ``M = Rot(phi) diag(sx, sy) Rot(theta)`` in closed form."""
-    a1, a2 = axes
-    w, x, y, z = comps
-    v = (x, y, z)
-    d12, c12 = _hinge2_consts(axes) if isinstance(axes, tuple) else _hinge2_consts.__wrapped__(axes)
+    w = comps[0]
+    if isinstance(axes, tuple):  # constants (Python floats): the compiled fold
+        d12 = _hinge2_consts(axes)[0]
+        terms = _folded(_hinge2_terms, axes)(*comps)
+    else:  # array axes (numpy scalars keep their own promotion): folded on the fly
+        d12 = _hinge2_consts.__wrapped__(axes)[0]
+        terms = _hinge2_terms(axes, comps)
     m00 = w
-    m01 = _arr(_dot(v, a2), w)
-    m10 = _arr(_dot(v, a1), w)
-    m11 = _arr(_add(_mul(w, -d12), _dot(v, c12)), w)
+    m01, m10, m11 = (_arr(m, w) for m in terms)
     E = 0.5 * (m00 + m11)
     F = 0.5 * (m00 - m11)
     G = 0.5 * (m10 + m01)
