@@ -508,8 +508,10 @@ def _euler_angles(dv: _Davenport, Lg: np.ndarray):
     Viollet 2022) times the axis signs. ``Lg [4, ...]`` component-major (read without a copy); ``J`` need not be
     unit. Returns contiguous ``(t1, t2, t3)`` with ``t1``, ``t3`` in [-pi, pi]."""
     order, signs = dv.euler
-    angles = R.quat_to_euler(np.moveaxis(Lg, 0, -1), order, extrinsic=False)  # keeps Lg's component-major layout
-    out = tuple(np.moveaxis(angles, -1, 0))
+    nd = Lg.ndim  # transposes: the views np.moveaxis makes, without its argument checks (short clips)
+    comps_last = Lg.transpose(tuple(range(1, nd)) + (0,))
+    angles = R.quat_to_euler(comps_last, order, extrinsic=False)  # keeps Lg's component-major layout
+    out = tuple(angles.transpose((nd - 1,) + tuple(range(nd - 1))))
     for t, sg in zip(out, signs):
         if sg < 0:
             np.negative(t, out=t)
@@ -1241,7 +1243,7 @@ class ArticulationMotionMapper:
         r = self._rest_union_inv.get(key)
         if r is None:
             r = self._rest_union_inv[key] = self._rest_inv[self._rest_union].astype(Lt.dtype)  # [U, 4]
-        return np.moveaxis(R.quat_multiply(r, np.moveaxis(Lt[:, :, self._rest_union], 0, -1)), -1, 0)
+        return R.quat_multiply(r, Lt[:, :, self._rest_union].transpose(1, 2, 0)).transpose(2, 0, 1)  # moveaxis views
 
     def _group_comps(self, g: _Group, Lt: np.ndarray) -> np.ndarray:
         """Joint rotations ``[4, m, k]`` (C-contiguous, so each component ``[m, k]`` is contiguous) of the
@@ -1360,7 +1362,9 @@ class ArticulationMotionMapper:
         """``{id(group): kernel}`` of the complete 3-hinge groups the native Euler kernel handles here
         (:mod:`~kangengine.animation.native_mapper`: axes ``+-e_i, +-e_j, +-e_k``, identity rest rotations,
         limits that never bind); empty when llvmlite is missing or ``use_native`` is off."""
-        if not self.use_native or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        if not self._native_groups or not self.use_native:
+            return {}
+        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             return {}
         from . import native_mapper
 
