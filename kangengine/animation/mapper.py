@@ -756,6 +756,12 @@ class ArticulationMotionMapper:
             and not self._group_narrow[id(g)]
             and self._group_rest_identity[id(g)]
         ]
+        lim = self._hinge_limited  # _turn_shift's tables of the limited hinges (None: no limited hinge)
+        self._limited_tables = (
+            (np.flatnonzero(lim), self._hinge_lo[lim], self._hinge_hi[lim], self._hinge_center[lim])
+            if lim.any()
+            else (None, None, None, None)
+        )
         self._fused_spec = self._fused_plan()
 
     def _fused_plan(self):
@@ -1731,11 +1737,10 @@ class ArticulationMotionMapper:
         pi of ``ref``."""
         center = self._hinge_center
         shift = -np.rint((first - center) / _TWO_PI)
-        lim = self._hinge_limited
-        if lim.any():
-            lo, hi = self._hinge_lo[lim], self._hinge_hi[lim]
+        lim, lo, hi, center_lim = self._limited_tables
+        if lim is not None:
             mn, mx = qmin[lim], qmax[lim]
-            k0 = np.rint((center[lim] - 0.5 * (mn + mx)) / _TWO_PI)
+            k0 = np.rint((center_lim - 0.5 * (mn + mx)) / _TWO_PI)
             best = k0
             best_v = np.maximum(lo - (mn + _TWO_PI * k0), 0.0) + np.maximum(mx + _TWO_PI * k0 - hi, 0.0)
             for dk in (-1.0, 1.0):
