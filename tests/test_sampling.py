@@ -101,6 +101,20 @@ def test_dof_groups_are_legs_trunk_and_limbs(cmu, walk):
     assert float(sigma[:6].abs().max()) == 0.0  # no offsets on the root
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_walk_crop_is_ok_whatever_the_seed(cmu, walk, tmp_path, seed):
+    """The verdict does not depend on the seed: seeds 1 and 2 (seed 0: the test below), each *without*
+    restarts, hold the same 1.5 s crop within 5 cm and are ``ok``. Before the beam's lookahead (each segment's 4 x keep cheapest
+    survivors run the next segment too and are ranked by both segments' cost), seed 1 drifted from 3 cm at 0.3 s
+    to 10 cm at 1.0 s, exhausted its retries and ended at 8.7 cm (measured 3.8 cm after, seed 2 3.8 cm)."""
+    _, _, model = cmu
+    settings = TrackingSettings(sampling_seed=seed, sampling_restarts=0)
+    rep = ke.pipelines.validate(model, {"walk": walk[:180]}, out_dir=tmp_path, settings=settings, plots=False)
+    m = rep.reports[0].metrics
+    assert rep.reports[0].verdict is Verdict.OK, [r.message for r in rep.reports[0].reasons]
+    assert m["controller"] == "sampling" and m["fell_at_s"] is None and m["body_error_mean_m"] < 0.05
+
+
 def test_walk_crop_the_pd_tracker_drops_is_held_by_the_sampling_fallback(cmu, walk, tmp_path):
     """0-1.5 s of the walk, default settings (no root assistance): the PD tracker falls at 1.08 s, so
     ``validate`` tracks it again with the sampling search (defaults: 256 samples, keep 32), which keeps it up

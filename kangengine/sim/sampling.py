@@ -26,9 +26,13 @@ simulator states starts at the reference's first frame. Per segment:
    :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
    effectors are among the bodies). A sample whose state meets the tracker's fall rule
    (:func:`~kangengine.sim.tracking._fallen`) or diverges is out.
-4. The ``keep`` cheapest survivors that stayed within ``sampling_fail_error`` become the beam (parent indices and
-   offsets stored for backtracking); a segment with none is searched again from up to three segments back
-   (``sampling_retries`` per clip). When every sample is out, the search stops there: the clip falls at that
+4. The ``keep`` survivors that stayed within ``sampling_fail_error`` and are cheapest over this segment *and
+   the next* become the beam (parent indices and offsets stored for backtracking): the
+   :data:`LOOKAHEAD_CANDIDATES` ``x keep`` cheapest run the next segment too, their offsets continued without
+   noise, so a state that tracks well now but is heading away is not kept. A segment with none is searched
+   again from one, two, three, then (:data:`BACKOFF_SEGMENTS`) up to twelve segments back, with
+   :data:`DEEP_RETRY_SAMPLE_SCALE` times the samples after the third failure (``sampling_retries`` per clip).
+   When every sample is out, the search stops there: the clip falls at that
    segment. A clip whose path falls or ends over ``sampling_good_error`` is searched again with the next seeds
    (``sampling_restarts``); the furthest, then closest, path is kept.
 
@@ -95,6 +99,18 @@ FLIGHT_SIGMA_SCALE = 2.0
 FLIGHT_FEEDFORWARD = True
 #: Control steps per segment near a take-off or landing (``sampling_segment_steps`` elsewhere).
 FLIGHT_SEGMENT_STEPS = 6
+#: Segments a failed segment's search goes back, by the number of failures since the search last got further:
+#: one, two, three segments, then (a drift that began earlier than 0.3 s) further, up to this table's last entry.
+BACKOFF_SEGMENTS = (1, 2, 3, 6, 9, 12)
+#: Factor on ``sampling_samples`` for the segments searched again after more than three failures at one place
+#: (from where the search went back to the furthest segment reached); a multiple of 32 worlds either way.
+DEEP_RETRY_SAMPLE_SCALE = 2
+#: Lookahead of the beam's selection: the ``LOOKAHEAD_CANDIDATES x sampling_keep`` cheapest survivors of a segment
+#: run the next segment too (their offsets continued, no noise), and the beam is the ``keep`` whose own cost plus
+#: ``LOOKAHEAD_WEIGHT`` x that continuation's cost is lowest (a continuation that fails ranks last): a state
+#: that tracks well now but is heading for a fall is not kept. 0 candidates: no lookahead.
+LOOKAHEAD_CANDIDATES = 4
+LOOKAHEAD_WEIGHT = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -343,6 +359,7 @@ class _Search:
         model, ref, st = self.model, self.ref, self.settings
         dev, dt_ = model.device, model.dtype
         n, keep, seg = int(st.sampling_samples), int(st.sampling_keep), int(st.sampling_segment_steps)
+        self.start = start
         sigma = self.sigma(start, count)
         pos_r, quat_r = link_transforms(model, ref.q_raw[start : start + count])
         ref_com = _com(model, pos_r, quat_r)  # [count, 3]
@@ -376,14 +393,16 @@ class _Search:
         while i < len(segments):
             k, steps = segments[i]
             sig = sigma * FLIGHT_SIGMA_SCALE if near[i] else sigma
+            deep = fails > 3 and i <= furthest  # re-searching a drift that began earlier: more samples
+            ns = n * DEEP_RETRY_SAMPLE_SCALE if deep else n
             samples, parent, qs, alive, worst = self.segment(
-                beams[i], start, k, steps, sig, targets, generator, n, near[i]
+                beams[i], start, k, steps, sig, targets, generator, ns, near[i]
             )
-            env_steps += n * steps
+            env_steps += ns * steps
             good = alive & (worst < st.sampling_fail_error)
             if not bool(good.any()) and retries < st.sampling_retries and i > 0:
                 retries, fails = retries + 1, fails + 1
-                i -= min(fails, 3, i)  # further back after each failure at the same place
+                i -= min(BACKOFF_SEGMENTS[min(fails, len(BACKOFF_SEGMENTS)) - 1], i)  # further back each time
                 del beams[i + 1 :], records[i:]
                 continue
             pool = good if bool(good.any()) else alive
@@ -393,6 +412,11 @@ class _Search:
             if fell:  # every sample is out: the clip falls in this segment; keep its cheapest sample
                 ranked = samples.cost.nan_to_num(float("inf"))
             best = torch.topk(ranked, max(min(keep, survivors), 1), largest=False).indices
+            if not fell and LOOKAHEAD_CANDIDATES > 0 and i + 1 < len(segments):
+                best, extra = self._lookahead(
+                    samples, ranked, survivors, segments[i + 1], near[i + 1], targets, generator
+                )
+                env_steps += extra
             records.append((k, steps, parent[best], samples.offset[best], qs[best]))
             total = beams[i].cost[parent[best]] + samples.cost[best]
             beams.append(_Beam(_take(samples.state, best), samples.normal[best], samples.offset[best], total))
@@ -402,6 +426,22 @@ class _Search:
             if fell:
                 break
         return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell, base) + (env_steps,)
+
+    def _lookahead(self, samples: _Beam, ranked, survivors: int, nxt, near: bool, targets, generator):
+        """``([<= keep] indices into samples, world-steps)``: the beam chosen by each candidate's segment cost
+        plus its continuation's over the next segment ``nxt = (k, steps)`` (:data:`LOOKAHEAD_CANDIDATES`)."""
+        keep = int(self.settings.sampling_keep)
+        m = min(LOOKAHEAD_CANDIDATES * keep, survivors)
+        cand = torch.topk(ranked, m, largest=False).indices
+        start_beam = _Beam(_take(samples.state, cand), samples.normal[cand], samples.offset[cand], samples.cost[cand])
+        k, steps = nxt
+        zero = torch.zeros(self.model.nv, dtype=self.model.dtype, device=self.model.device)
+        ahead, _, _, alive, worst = self.segment(start_beam, self.start, k, steps, zero, targets, generator, m, near)
+        fine = alive & (worst < self.settings.sampling_fail_error)
+        score = samples.cost[cand] + LOOKAHEAD_WEIGHT * ahead.cost.nan_to_num(0.0)
+        score = torch.where(fine, score, score.nan_to_num(0.0) + 1e6)  # a failing continuation ranks last
+        order = torch.topk(score, min(keep, m), largest=False).indices
+        return cand[order], int(self._pad(m).shape[0]) * steps  # the worlds simulated, padding included
 
     def flight_feedforward(self, start: int, count: int, shift: torch.Tensor) -> torch.Tensor:
         """``[count, nv]`` target offsets (rad, m) whose drive torques ``kp * offset`` are what the feed-forward
