@@ -28,11 +28,11 @@ simulator states starts at the reference's first frame. Per segment:
    (:func:`~kangengine.sim.tracking._fallen`) or diverges is out.
 4. The ``keep`` survivors that stayed within ``sampling_fail_error`` and are cheapest over this segment *and
    the next* become the beam (parent indices and offsets stored for backtracking): the
-   :data:`LOOKAHEAD_CANDIDATES` ``x keep`` cheapest run the next segment too, their offsets continued without
-   noise, so a state that tracks well now but is heading away is not kept. A segment with none is searched
-   again from one, two, three, then (:data:`BACKOFF_SEGMENTS`) up to twelve segments back, with
-   :data:`DEEP_RETRY_SAMPLE_SCALE` times the samples after the third failure (``sampling_retries`` per clip).
-   When every sample is out, the search stops there: the clip falls at that
+   :data:`LOOKAHEAD_CANDIDATES` ``x keep`` cheapest run the next segment too, their offsets continued (times
+   ``sampling_coherence``, no noise), so a state that tracks well now but is heading away is not kept. A
+   segment with none is searched again from one, two, three, then (:data:`BACKOFF_SEGMENTS`) up to twelve
+   segments back, with :data:`DEEP_RETRY_SAMPLE_SCALE` times the samples after the third failure
+   (``sampling_retries`` per clip). When every sample is out, the search stops there: the clip falls at that
    segment. A clip whose path falls or ends over ``sampling_good_error`` is searched again with the next seeds
    (``sampling_restarts``); the furthest, then closest, path is kept.
 
@@ -359,7 +359,6 @@ class _Search:
         model, ref, st = self.model, self.ref, self.settings
         dev, dt_ = model.device, model.dtype
         n, keep, seg = int(st.sampling_samples), int(st.sampling_keep), int(st.sampling_segment_steps)
-        self.start = start
         sigma = self.sigma(start, count)
         pos_r, quat_r = link_transforms(model, ref.q_raw[start : start + count])
         ref_com = _com(model, pos_r, quat_r)  # [count, 3]
@@ -393,7 +392,7 @@ class _Search:
         while i < len(segments):
             k, steps = segments[i]
             sig = sigma * FLIGHT_SIGMA_SCALE if near[i] else sigma
-            deep = fails > 3 and i <= furthest  # re-searching a drift that began earlier: more samples
+            deep = fails > 3  # re-searching a drift that began earlier than three segments back: more samples
             ns = n * DEEP_RETRY_SAMPLE_SCALE if deep else n
             samples, parent, qs, alive, worst = self.segment(
                 beams[i], start, k, steps, sig, targets, generator, ns, near[i]
@@ -414,7 +413,7 @@ class _Search:
             best = torch.topk(ranked, max(min(keep, survivors), 1), largest=False).indices
             if not fell and LOOKAHEAD_CANDIDATES > 0 and i + 1 < len(segments):
                 best, extra = self._lookahead(
-                    samples, ranked, survivors, segments[i + 1], near[i + 1], targets, generator
+                    samples, ranked, survivors, start, segments[i + 1], near[i + 1], targets, generator
                 )
                 env_steps += extra
             records.append((k, steps, parent[best], samples.offset[best], qs[best]))
@@ -427,16 +426,18 @@ class _Search:
                 break
         return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell, base) + (env_steps,)
 
-    def _lookahead(self, samples: _Beam, ranked, survivors: int, nxt, near: bool, targets, generator):
+    def _lookahead(self, samples: _Beam, ranked, survivors: int, start: int, nxt, near: bool, targets, generator):
         """``([<= keep] indices into samples, world-steps)``: the beam chosen by each candidate's segment cost
-        plus its continuation's over the next segment ``nxt = (k, steps)`` (:data:`LOOKAHEAD_CANDIDATES`)."""
+        (``ranked [n]``, inf for samples out) plus its continuation's over the next segment ``nxt = (k, steps)``
+        of the clip at row ``start`` (:data:`LOOKAHEAD_CANDIDATES`; the continuation's noise is 0, so its
+        offsets are ``sampling_coherence`` times the candidates')."""
         keep = int(self.settings.sampling_keep)
         m = min(LOOKAHEAD_CANDIDATES * keep, survivors)
         cand = torch.topk(ranked, m, largest=False).indices
         start_beam = _Beam(_take(samples.state, cand), samples.normal[cand], samples.offset[cand], samples.cost[cand])
         k, steps = nxt
         zero = torch.zeros(self.model.nv, dtype=self.model.dtype, device=self.model.device)
-        ahead, _, _, alive, worst = self.segment(start_beam, self.start, k, steps, zero, targets, generator, m, near)
+        ahead, _, _, alive, worst = self.segment(start_beam, start, k, steps, zero, targets, generator, m, near)
         fine = alive & (worst < self.settings.sampling_fail_error)
         score = samples.cost[cand] + LOOKAHEAD_WEIGHT * ahead.cost.nan_to_num(0.0)
         score = torch.where(fine, score, score.nan_to_num(0.0) + 1e6)  # a failing continuation ranks last
