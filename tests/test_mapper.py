@@ -1043,6 +1043,19 @@ def test_kernel_refuses_arrays_of_the_wrong_layout():
 # -- the fused native pass (native_mapper.fused_ir): q, qd and the summary's counters in one pass ------------
 
 
+def _brute_force_limits(layout, q) -> dict:
+    """``{dof name: (largest excess, share of frames over)}`` of every hinge of ``q [frames, nq]`` past its
+    limits by more than 1e-6 rad, counted column by column (the reference of the limit summary)."""
+    want = {}
+    for b in layout.blocks:
+        if b.joint_type is JointType.HINGE:
+            col = q[:, b.q_offset]
+            over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
+            if over.max() > 1e-6:
+                want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    return want
+
+
 def _smpl_fused(dtype=np.float64):
     layout = _layout("mjcf/protomotions/smpl_humanoid.xml", free_root=True)
     mapper = ArticulationMotionMapper(layout)
@@ -1151,13 +1164,7 @@ def test_fused_pass_takes_the_cheaper_track_redoes_gimbal_blocks_and_counts_limi
     np.testing.assert_allclose(out.motion.qd, mapper.velocities(out.motion.q, fps), atol=ulp_rate)
     # the limit summary against a brute-force count over the returned q
     summary = out.motion.metadata["mapper"]
-    want = {}
-    for b in layout.blocks:
-        if b.joint_type is JointType.HINGE:
-            col = got[:, b.q_offset]
-            over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
-            if over.max() > 1e-6:
-                want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    want = _brute_force_limits(layout, got)
     assert want and set(summary["limit_violation_dofs"]) == set(sorted(want, key=lambda k: -want[k][0])[:10])
     for name, v in summary["limit_violation_dofs"].items():
         # counted on q before its float32 storage
@@ -1334,13 +1341,7 @@ def test_fused_pass_shortcuts_with_offset_limits_and_reference_angles(tmp_path):
     _, r1 = forward_kinematics(layout, got)
     assert R.quat_angle_between(r0, r1).max() < 3e-4
     summary = out.metadata["mapper"]
-    want = {}
-    for b in layout.blocks:
-        if b.joint_type is JointType.HINGE:
-            col = got[:, b.q_offset]
-            over = np.maximum(b.limits[0] - col, 0.0) + np.maximum(col - b.limits[1], 0.0)
-            if over.max() > 1e-6:
-                want[layout.dof_names[b.qd_offset]] = (over.max(), (over > 1e-6).mean())
+    want = _brute_force_limits(layout, got)
     assert {"L_Knee_x", "R_Wrist_z", "L_Hip_x"} <= set(want)
     assert set(summary["limit_violation_dofs"]) == set(sorted(want, key=lambda k: -want[k][0])[:10])
     for name, v in summary["limit_violation_dofs"].items():

@@ -329,18 +329,19 @@ _EVERY_GEOM = """<mujoco><worldbody><body name="a" pos="0 0 1"><freejoint/>
   </body></body></worldbody></mujoco>"""
 
 
-def test_lowest_points_of_every_geom_kind_equal_mujoco(tmp_path):
-    """Spheres, capsules, boxes, cylinders and ellipsoids in random poses: the one-formula extents against each
-    kind's lowest point from MuJoCo's geom poses."""
+def every_geom_in_random_poses(tmp_path, n: int, seed: int):
+    """The :data:`_EVERY_GEOM` model in ``n`` random poses of its two bodies, posed by MuJoCo:
+    ``(desc, pos [n, 2, 3] m, rot [n, 2, 4] wxyz, lowest [n] m)``, the lowest point of its geoms from MuJoCo's
+    geom poses."""
     mujoco = pytest.importorskip("mujoco")
     path = tmp_path / "geoms.xml"
     path.write_text(_EVERY_GEOM)
     desc = ke.asset.MJCFLoader.load(path)
     model = mujoco.MjModel.from_xml_path(str(path))
     data = mujoco.MjData(model)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     pos, rot, want = [], [], []
-    for _ in range(40):
+    for _ in range(n):
         data.qpos[:3] = rng.normal(size=3)
         data.qpos[3:7] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
         data.qpos[7:11] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
@@ -348,9 +349,15 @@ def test_lowest_points_of_every_geom_kind_equal_mujoco(tmp_path):
         pos.append(data.xpos[1:].copy())
         rot.append(data.xquat[1:].copy())
         want.append(_mujoco_lowest(mujoco, model, data))
+    return desc, np.array(pos), np.array(rot), np.array(want)
+
+
+def test_lowest_points_of_every_geom_kind_equal_mujoco(tmp_path):
+    """Spheres, capsules, boxes, cylinders and ellipsoids in random poses: the one-formula extents against each
+    kind's lowest point from MuJoCo's geom poses."""
+    desc, pos, rot, want = every_geom_in_random_poses(tmp_path, 40, seed=7)
     ground = sk._GroundGeoms.from_desc(desc)
     assert ground.disc is not None and ground.ellipsoid is not None and len(ground.bare) == 0
-    pos, rot = np.array(pos), np.array(rot)
     np.testing.assert_allclose(ground.lowest(pos, rot), want, atol=1e-9)
     np.testing.assert_allclose(_reference_lowest(desc, pos, rot), want, atol=1e-9)
 

@@ -139,30 +139,14 @@ def test_levelled_poses_equal_forward_kinematics_of_the_levelled_rotations(walk,
 def test_lowest_points_kernel_equals_numpy_and_mujoco(tmp_path, cmu_desc):
     """Every geom kind in random poses (the hot test's model), and the CMU humanoid's geoms in random body poses:
     the kernel against the numpy pass, and against MuJoCo for the first."""
-    from test_retarget_skeleton_hot import _EVERY_GEOM, _mujoco_lowest
+    from test_retarget_skeleton_hot import every_geom_in_random_poses
 
-    mujoco = pytest.importorskip("mujoco")
-    path = tmp_path / "geoms.xml"
-    path.write_text(_EVERY_GEOM)
-    desc = ke.asset.MJCFLoader.load(path)
-    model = mujoco.MjModel.from_xml_path(str(path))
-    data = mujoco.MjData(model)
-    rng = np.random.default_rng(11)
-    pos, rot, want = [], [], []
-    for _ in range(30):
-        data.qpos[:3] = rng.normal(size=3)
-        data.qpos[3:7] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
-        data.qpos[7:11] = Rotation.random(random_state=rng).as_quat()[[3, 0, 1, 2]]
-        mujoco.mj_kinematics(model, data)
-        pos.append(data.xpos[1:].copy())
-        rot.append(data.xquat[1:].copy())
-        want.append(_mujoco_lowest(mujoco, model, data))
+    desc, pos, rot, want = every_geom_in_random_poses(tmp_path, 30, seed=11)
     ground = sk._GroundGeoms.from_desc(desc)
-    pos, rot = np.array(pos), np.array(rot)
     np.testing.assert_allclose(ground.lowest(pos, rot), want, atol=1e-9)
     np.testing.assert_allclose(ground.lowest(pos, rot), ground.lowest_numpy(pos, rot), atol=1e-14)
     cmu = sk._GroundGeoms.from_desc(cmu_desc)
-    n = len(cmu_desc.bodies)
+    n, rng = len(cmu_desc.bodies), np.random.default_rng(11)
     pos = rng.normal(size=(50, n, 3))
     rot = Rotation.random(50 * n, random_state=rng).as_quat()[:, [3, 0, 1, 2]].reshape(50, n, 4)
     np.testing.assert_allclose(cmu.lowest(pos, rot), cmu.lowest_numpy(pos, rot), atol=1e-14)
