@@ -165,18 +165,24 @@ def test_bad_extends_chains_are_refused(tmp_path):
 
 
 def _check_quality(result, model_rel, *, key_error_m):
-    import mujoco
-
     m = result.metrics
     assert m["key_body_error_m"]["mean"] < key_error_m, m["key_body_error_m"]
     assert m["floating_share"] <= 0.05 and m["penetration_m"] <= 0.01 and m["joints_outside_limits"] == 0
     assert all(f["phases"] >= 1 for f in m["feet"].values())
     if model_rel.endswith(".xml"):  # MuJoCo's joint ranges of the same file
-        model = mujoco.MjModel.from_xml_path(str(data_file(MJCF)))
-        for b in result.layout.blocks[1:]:
-            lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
-            q = result.motion.q[:, b.q_offset]
-            assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, b.joint_name
+        _within_mujoco_ranges(result, MJCF)
+
+
+def _within_mujoco_ranges(result, rel: str) -> None:
+    """Every hinge of ``result.motion.q`` within MuJoCo's ``jnt_range`` of the same joint in the MJCF ``rel``
+    (1e-5 rad of float32 rounding)."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_path(str(data_file(rel)))
+    for b in result.layout.blocks[1:]:
+        lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
+        q = result.motion.q[:, b.q_offset]
+        assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, b.joint_name
 
 
 def test_3dsmax_bvh_and_fbx_clips_onto_the_g1():
@@ -309,34 +315,21 @@ def test_cmu_iclone_bvh_onto_the_g1_and_the_cmu_humanoid(name):
     """CMU 02_03 on the iClone Character Creator rig (CC_Base_* names, cm, no usable rest pose): followed by
     position on both models, within their joint limits (MuJoCo's ranges), orientations of pelvis and chest
     within a few degrees."""
-    import mujoco
-
     src = ke.io.load_bvh(data_file("bvh/cmu/002_03_iclone_cc_run.bvh"))
     res = ke.retarget.retarget_to_robot(src, name)
     m = res.metrics
     assert m["key_body_error_m"]["mean"] < (0.055 if name.endswith("g1") else 0.07), m["key_body_error_m"]
     assert m["orientation_error_deg"]["mean"] < 5.0 and m["joints_outside_limits"] == 0
-    rel = MJCF if name.endswith("g1") else CMU_HUMANOID
-    model = mujoco.MjModel.from_xml_path(str(data_file(rel)))
-    for b in res.layout.blocks[1:]:
-        lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
-        q = res.motion.q[:, b.q_offset]
-        assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, b.joint_name
+    _within_mujoco_ranges(res, MJCF if name.endswith("g1") else CMU_HUMANOID)
 
 
 def test_cmu_names_onto_the_cmu_humanoid_by_position():
     """``cmu_to_cmu_humanoid_ik``: the cgspeed BVH, 3dsMax BVH and FBX names (``|`` alternatives) put on the CMU
     humanoid by inverse kinematics with held feet, within MuJoCo's joint ranges, bodies within 8 cm of the
     scaled source joints (the name-map configurations: 5-7 cm; the model is another subject)."""
-    import mujoco
-
-    model = mujoco.MjModel.from_xml_path(str(data_file(CMU_HUMANOID)))
     for rel in ("fbx/07_01_cmu.fbx", "bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"):
         res = ke.retarget.retarget_to_robot(ke.pipelines.load_motion(data_file(rel))[:240], "cmu_to_cmu_humanoid_ik")
         m = res.metrics
         assert m["key_body_error_m"]["mean"] < 0.08 and m["joints_outside_limits"] == 0, (rel, m["key_body_error_m"])
         assert m["floating_share"] <= 0.05 and all(f["phases"] >= 1 for f in m["feet"].values()), rel
-        for b in res.layout.blocks[1:]:
-            lo, hi = model.jnt_range[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, b.joint_name)]
-            q = res.motion.q[:, b.q_offset]
-            assert q.min() >= lo - 1e-5 and q.max() <= hi + 1e-5, (rel, b.joint_name)
+        _within_mujoco_ranges(res, CMU_HUMANOID)
