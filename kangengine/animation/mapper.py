@@ -640,8 +640,10 @@ class ArticulationMotionMapper:
         use_native: ``True`` (default): motions use the native machine-code passes of
             :mod:`~kangengine.animation.native_mapper` where they apply (llvmlite installed; x/y/z hinge
             triplets; for a free root plus such triplets alone, e.g. the SMPL humanoid, one fused pass writes
-            ``q``, ``qd`` and the limit summary); ``False``: the numpy reference path everywhere (same values to
-            ``1e-9`` rad in float64).
+            ``q``, ``qd`` and the limit summary), and for layouts of 1-, 2- and 3-hinge bodies without such
+            triplets (e.g. the CMU humanoid) the compiled pass of :mod:`~kangengine.animation.native_mapper_mixed`
+            (numba installed; the whole motion in one call); ``False``: the numpy reference path everywhere (same
+            values to ``1e-9`` rad in float64).
     """
 
     def __init__(self, layout: ArticulationCoordinateLayout):
@@ -763,6 +765,7 @@ class ArticulationMotionMapper:
             else (None, None, None, None)
         )
         self._fused_spec = self._fused_plan()
+        self._mixed_spec = self._mixed_plan()
 
     def _fused_plan(self):
         """The constants of the fused native pass (:func:`~kangengine.animation.native_mapper.fused_ir`) when the
@@ -808,6 +811,75 @@ class ArticulationMotionMapper:
             root_v=rv,
             nq=lay.nq,
             nv=lay.nv,
+        )
+
+    def _mixed_plan(self):
+        """The tables of the compiled mixed-layout pass (:func:`~kangengine.animation.native_mapper_mixed.map_motion`)
+        when every body is the free root, jointless, or 1, 2 or 3 hinges with a closed form (3 hinges: about
+        ``+-e_i, +-e_j, +-e_k``), no hinge triplet is served by the llvm Euler kernels (the SMPL humanoid keeps
+        them) and no joint held at ``ref`` has limits (e.g. the CMU humanoid), else None. Layout constants, built
+        once per mapper."""
+        lay = self.layout
+        if self._ball_bodies or self._native_groups or not len(self._hinge_q):
+            return None
+        held = {off for off, _ in self._held}
+        if any(b.q_offset in held and b.limits is not None for b in lay.blocks):
+            return None
+        slots, axes, aux, codes = [], [], [], []
+        nh = len(self._hinge_q)
+        cost_lo, cost_hi = np.full(nh, -np.inf), np.full(nh, np.inf)
+        triplets = 0
+        for g in self._groups:
+            if g.kind == _HINGE3:
+                dv = self._davenport[g.axes]
+                if not g.complete or dv.euler is None:
+                    return None
+                order, signs = dv.euler
+                g_aux, code = (*signs, dv.phi), _euler_code(order)
+                for i in range(3):  # the branch cost's limits, as _cost_columns takes them
+                    cols = g.hinge_cols[:, i]
+                    if self._group_narrow[id(g)] and self._hinge_narrow[cols].any():
+                        cost_lo[cols], cost_hi[cols] = self._hinge_lo[cols], self._hinge_hi[cols]
+            elif g.kind == _HINGE2:
+                d12, c12 = _hinge2_consts(g.axes)
+                g_aux, code = (d12, *c12), (0,) * 6
+            elif g.kind == _HINGE1:
+                g_aux, code = (0.0,) * 4, (0,) * 6
+            else:
+                return None
+            n = len(g.axes)
+            for b, cols in zip(g.bodies, g.hinge_cols):
+                slots.append([int(b), n, *cols, *([-1] * (3 - n)), triplets if n == 3 else -1])
+                triplets += n == 3
+                axes.append(list(g.axes) + [(0.0, 0.0, 0.0)] * (3 - n))
+                aux.append(g_aux)
+                codes.append(code)
+        runs, rots = self._tangent_runs
+        lo, hi = self._hinge_lo, self._hinge_hi
+        column = {int(c): h for h, c in enumerate(self._hinge_q)}
+        scalar = [b for b in lay.blocks if b.joint_type in (JointType.HINGE, JointType.SLIDE) and b.limits is not None]
+        self._mixed_summary_plan = (
+            np.array([column[b.q_offset] for b in scalar], dtype=np.int64),  # all hinges (held ones are unlimited)
+            [lay.dof_names[b.qd_offset] for b in scalar],
+        )
+        return dict(
+            root=np.array(self._free if self._free is not None else (-1, -1), dtype=np.int64),
+            none_bodies=np.array(self._none_bodies, dtype=np.int64),
+            rest_inv=np.ascontiguousarray(self._rest_inv, dtype=np.float64),
+            turned=~self._rest_is_identity,
+            slots=np.array(slots, dtype=np.int64),
+            slot_axes=np.array(axes, dtype=np.float64),
+            slot_aux=np.array(aux, dtype=np.float64),
+            slot_code=np.array(codes, dtype=np.int64),
+            cost_tab=np.stack([self._hinge_ref, self._hinge_center, cost_lo, cost_hi], axis=-1),
+            h_q=self._hinge_q,
+            h_v=self._hinge_v,
+            h_tab=np.stack([self._hinge_ref, self._hinge_center, lo, hi], axis=-1),
+            h_limited=self._hinge_limited,
+            h_narrow=self._hinge_narrow,
+            num_triplets=triplets,
+            runs=np.array(runs, dtype=np.int64).reshape(-1, 3),
+            rots=np.array(rots, dtype=np.int64).reshape(-1, 2),
         )
 
     # -- input checks ----------------------------------------------------------------------------------
@@ -906,6 +978,11 @@ class ArticulationMotionMapper:
         fused = self._native_fused(dtype) if not clamp_to_limits and L.shape[0] >= 3 else None
         if fused is not None:  # one native pass writes q, qd and the summary's counters (the SMPL humanoid)
             return self._map_fused(fused, skeleton_motion, L.astype(dtype, copy=False), rt.astype(dtype, copy=False))
+        mixed = _mixed_kernel() if self._mixed_spec is not None and self.use_native and L.shape[0] else None
+        if mixed is not None:  # one compiled pass (mixed 1-3 hinge layouts: the CMU humanoid)
+            return self._map_mixed(
+                mixed, skeleton_motion, L.astype(dtype, copy=False), rt.astype(dtype, copy=False), clamp_to_limits
+            )
         # the native second pass can write the hinges' qd on the way (q_path is q: no clamping, no re-wrapping)
         qd_out = {"fps": fps, "qd": None} if not clamp_to_limits and not self._hinge_narrow.any() else None
         q, residual, clamped, rewrapped, q_path = self._solve(
@@ -920,6 +997,62 @@ class ArticulationMotionMapper:
         meta["mapper"] = self._mapping_summary(q, residual, clamped, rewrapped, clamp_to_limits)
         motion = ArticulationMotion(q, qd, fps, lay.model_signature, joint_names=self._joint_names, metadata=meta)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
+
+    def _map_mixed(
+        self, kern, skeleton_motion: SkeletonMotion, L: np.ndarray, rt: np.ndarray, clamp: bool
+    ) -> MappingResult:
+        """:meth:`to_articulation_motion` by the compiled mixed-layout pass (:meth:`_mixed_plan`): ``q``, ``qd``,
+        residuals, clamping, re-wrapping and the limit summary's per-hinge counters in one call; the same values
+        as the numpy path to the dtype's rounding, the same branch choices."""
+        lay = self.layout
+        N, dt, fps = L.shape[0], L.dtype, skeleton_motion.fps
+        L = np.ascontiguousarray(L)
+        rt = np.ascontiguousarray(rt)
+        q = np.zeros((N, lay.nq), dtype=dt)
+        for off, ref in self._held:
+            q[:, off] = ref
+        qd = np.zeros((N, lay.nv), dtype=dt)
+        residual = np.zeros((N, lay.num_bodies), dtype=dt)
+        clamped = np.zeros((N, lay.nv), dtype=dt)
+        nh = len(self._hinge_q)
+        rewrapped, count = np.zeros(nh, dtype=np.int64), np.zeros(nh, dtype=np.int64)
+        worst = np.zeros(nh)
+        info = np.zeros(3, dtype=np.int64)
+        kern(L, rt, **self._mixed_spec, fps=float(fps), clamp=bool(clamp), q=q, qd=qd, residual=residual,
+             clamped=clamped, rewrapped=rewrapped, worst=worst, count=count, info=info)  # fmt: skip
+        if info[0] >= 0:  # an all-zero quaternion: refused naming its frame and body
+            f = int(info[0])
+            self._check_nonzero(np.ascontiguousarray(L[f : f + 1].transpose(2, 0, 1)), f)
+        meta = dict(skeleton_motion.metadata)
+        meta["mapper"] = self._mixed_summary(residual, clamped, rewrapped, worst, count, clamp)
+        args = (q, qd, fps, lay.model_signature)
+        if info[2]:  # refused as ArticulationMotion refuses it, naming the frame and column
+            ArticulationMotion(*args, joint_names=self._joint_names, metadata=meta)
+        motion = ArticulationMotion(*args, joint_names=self._joint_names, metadata=meta, skip_checks=True)
+        return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
+
+    def _mixed_summary(self, residual, clamped, rewrapped, worst, count, clamp: bool) -> dict:
+        """:meth:`_mapping_summary` from the compiled pass's per-hinge counters (``worst``, ``count [hinges]``, of
+        ``q`` before clamping): every limited scalar DOF of a mixed layout is a hinge (:meth:`_mixed_plan`), so the
+        summary is read off the counters, the same dictionary."""
+        plan = self._summary_plan
+        if plan is None:
+            plan = self._summary_plan = self._build_summary_plan()
+        names = plan[6]
+        pick, dofs = self._mixed_summary_plan  # the hinge column and DOF name of each limited scalar block
+        worst_over = worst[pick]
+        n = residual.shape[0]
+        viol = {dofs[i]: {"max": float(worst_over[i]), "fraction": float(count[pick[i]] / n)}
+                for i in np.flatnonzero(worst_over > 1e-6)}  # fmt: skip
+        top = sorted(viol.items(), key=lambda kv: -kv[1]["max"])[:10]
+        return {
+            "clamp_to_limits": bool(clamp),
+            "max_residual_angle": float(residual.max()) if residual.size else 0.0,
+            "limit_violation_max": max((v["max"] for v in viol.values()), default=0.0),
+            "limit_violation_dofs": dict(top),
+            "clamped_max": float(max(clamped.max(), -clamped.min())) if clamp and clamped.size else 0.0,
+            "rewrapped_frames": {names[i]: int(rewrapped[i]) for i in np.flatnonzero(rewrapped)},
+        }
 
     def _mapping_summary(
         self, q, residual, clamped, rewrapped, clamp_to_limits: bool, *, hinge_over=None, max_residual=None
@@ -1798,6 +1931,32 @@ class ArticulationMotionMapper:
                 J = self._joint_rotation(L[rows].astype(np.float64), np.array([b]))[:, 0]
                 J /= np.linalg.norm(J, axis=-1, keepdims=True)
                 residual[rows, b] = _chain_residual(J, axes, th)
+
+
+_MIXED: list = []  # the compiled mixed-layout pass, or None where numba does not import (the numpy path runs)
+
+
+def _mixed_kernel():
+    """:func:`~kangengine.animation.native_mapper_mixed.map_motion`, or None where numba does not import."""
+    if not _MIXED:
+        try:
+            from .native_mapper_mixed import map_motion
+        except Exception:  # numba missing or broken: the numpy path
+            map_motion = None
+        _MIXED.append(map_motion)
+    return _MIXED[0]
+
+
+def _euler_code(order: str) -> tuple:
+    """The intrinsic Euler constants of the compiled pass (``native_mapper_mixed.euler_code``), computed here so
+    that the plan needs no numba: ``(i, j, k, symmetric, parity, keep_sign)``."""
+    i, j, k = ("xyz".index(c) for c in order.lower())
+    i, k = k, i
+    symmetric = i == k
+    if symmetric:
+        k = 3 - i - j
+    s = (i - j) * (j - k) * (k - i) // 2
+    return (i, j, k, int(symmetric), s, int(symmetric or s > 0))
 
 
 def _track_block(buf, cross, dc):
