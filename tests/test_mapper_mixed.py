@@ -254,3 +254,58 @@ def test_other_mixed_layouts_equal_the_numpy_path(rel, monkeypatch):
     for clamp in (False, True):
         got = mapper.to_articulation_motion(motion, clamp_to_limits=clamp)
         _assert_same_mapping(got, _numpy_path(mapper, motion, clamp), dtype=np.float64)
+
+
+def _turning_q(layout, n: int, fps: float, seed: int) -> np.ndarray:
+    """Hinges turning several times (far past their limits: re-wrapping, 2 pi shifts), triplets' middle angles
+    swinging across +-pi/2 (branch crossings), one frame exactly in gimbal lock, the free root turning."""
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(seed)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 0:3] = np.stack([np.sin(t), 0.8 * t, 0.9 + 0.05 * np.cos(3 * t)], axis=-1)
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))
+    locked = False
+    for b in range(layout.num_bodies):
+        blocks = [x for x in layout.blocks_of_body(b) if x.joint_type.name == "HINGE"]
+        for i, blk in enumerate(blocks):
+            if len(blocks) == 3 and i == 1:
+                q[:, blk.q_offset] = rng.uniform(0.5, 1.8) * np.sin(rng.uniform(0.3, 1.0) * t)
+                if not locked:
+                    q[n // 2, blk.q_offset], locked = np.pi / 2, True
+            else:
+                q[:, blk.q_offset] = rng.uniform(-2.0, 2.0) * t + rng.uniform(-3, 3)
+    return q
+
+
+def test_turns_crossings_and_gimbal_lock_take_the_numpy_paths_branches(cmu, spy):
+    """A synthetic CMU-humanoid motion that turns every hinge several times past its limits, swings the triplets'
+    middle angles across +-pi/2 and passes one frame through gimbal lock: float64, the compiled pass gives the numpy
+    path's q, qd, residuals and summary (the same branches, shifts and re-wrapped frames); float32, it is at least
+    as close to the float64 mapping as numpy's float32 arithmetic, and the joints reproduce the generating
+    rotations."""
+    layout, mapper = cmu
+    fps, n = 60.0, 1200
+    q = _turning_q(layout, n, fps, 5)
+    st = mapper.to_skeleton_state(q)
+    results = {}
+    for dtype in (np.float64, np.float32):
+        motion = SkeletonMotion(
+            mapper.skeleton_tree, st.root_translation.astype(dtype), st.local_rotation.astype(dtype), fps
+        )
+        for clamp in (False, True):
+            results[dtype, clamp] = (mapper.to_articulation_motion(motion, clamp_to_limits=clamp),
+                                     _numpy_path(mapper, motion, clamp))  # fmt: skip
+    assert len(spy) == 4
+    for clamp in (False, True):
+        got, want = results[np.float64, clamp]
+        _assert_same_mapping(got, want, dtype=np.float64)
+        assert got.motion.metadata["mapper"]["rewrapped_frames"]  # the turns were brought back into reach
+    got, want = results[np.float32, False]
+    q64 = results[np.float64, False][0].motion.q.astype(np.float64)
+    qa, qb = got.motion.q.astype(np.float64), want.motion.q.astype(np.float64)
+    assert np.abs(qa - qb).max() < 1e-4
+    assert np.abs(qa - q64).max() <= np.abs(qb - q64).max() + 1e-6
+    assert got.motion.metadata["mapper"]["rewrapped_frames"] == want.motion.metadata["mapper"]["rewrapped_frames"]
+    _, r0 = ke.animation.forward_kinematics(layout, q)
+    _, r1 = ke.animation.forward_kinematics(layout, qa)
+    assert R.quat_angle_between(r0, r1).max() < 3e-4
