@@ -11,11 +11,14 @@ Ours is timed twice: the default (the native llvmlite kernels of ``kangengine.an
 they apply: the SMPL humanoid's x/y/z triplets) and the numpy reference path (``mapper.use_native = False``).
 
 One thread (numpy element-wise kernels, no thread pool). Wall time and CPU time (``time.process_time``), best and
-median of ``--repeats`` each (the peer as often as ours); on a shared machine the CPU-time ratio is the one to read
-(the load average is printed before and after). The memory floor: numpy copying as many bytes as the mapping must
-read (quaternions, root translations) and write (``q``, ``qd``), into a fresh array and into a written one, and
-the page faults of fresh ``q`` and ``qd`` alone (the kernel zeroing their pages: system time no mapping that returns
-new arrays avoids).
+median of ``--repeats`` each, ours and the vectorised peer alternating call by call (so both see the load of the
+same minutes; the peer as often as ours); on a shared machine the CPU-time ratio is the one to read (the load
+average is printed before and after; for our fastest call the user and system seconds and its minor page faults,
+counted with ``getrusage``). The input is built and touched before any timing: only the calls are timed.
+
+The memory floor: numpy copying as many bytes as the mapping must read (quaternions, root translations) and write
+(``q``, ``qd``), into a fresh array and into a written one, and the page faults of fresh ``q`` and ``qd`` alone (the
+kernel zeroing their pages: system time no mapping that returns new arrays avoids).
 
     python benchmarks/bench_mapper.py [--frames 1048576] [--baseline-frames 4000] [--dtype float32] [--model all]
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 
 import numpy as np
@@ -88,27 +92,46 @@ def _stats(times):
     return (walls[0], cpus[0]), (walls[len(walls) // 2], cpus[len(cpus) // 2])
 
 
-def _scipy_vectorised(layout, local, repeats):
-    """The target's peer: one ``Rotation.as_euler("XYZ")`` over every frame and hinge body (float64), the wall
-    and CPU seconds of ``repeats`` runs (as many as ours), and the angles ``[frames, bodies, 3]``. The rest
-    rotations are composed in (``rest^-1 * local``) only when one is not the identity, as the mapper does."""
+def _scipy_vectorised(layout, local):
+    """The target's peer: a function running one ``Rotation.as_euler("XYZ")`` over every frame and hinge body
+    (float64) and returning the angles ``[frames, bodies, 3]``. The rest rotations are composed in (``rest^-1 *
+    local``) only when one is not the identity, as the mapper does."""
     hinged = [b for b in range(layout.num_bodies) if layout.blocks_of_body(b)]
     bodies = [b for b in hinged if any(x.joint_type is JointType.HINGE for x in layout.blocks_of_body(b))]
     rest = np.asarray(layout.rest_rotations_wxyz)[bodies]
     rest_inv = None
     if not np.allclose(rest, [1.0, 0.0, 0.0, 0.0], atol=1e-15):
         rest_inv = Rotation.from_quat(np.tile(rest[:, [1, 2, 3, 0]], (local.shape[0], 1))).inv()
-    times = []
-    euler = None
-    for _ in range(repeats):
-        del euler  # as ours: the previous result is not kept alive while the next one is computed
-        w, c = time.perf_counter(), time.process_time()
+
+    def run():
         joint = Rotation.from_quat(local[:, bodies][..., [1, 2, 3, 0]].reshape(-1, 4).astype(np.float64))
         if rest_inv is not None:
             joint = rest_inv * joint
-        euler = joint.as_euler("XYZ").reshape(local.shape[0], len(bodies), 3)
-        times.append((time.perf_counter() - w, time.process_time() - c))
-    return times, euler
+        return joint.as_euler("XYZ").reshape(local.shape[0], len(bodies), 3)
+
+    return run
+
+
+def _alternating(runs, repeats):
+    """``repeats`` rounds of the functions ``runs {name: fn}``, one call of each per round in turn (so each sees
+    the machine's load of the same minutes); per name the ``[(wall, cpu), ...]`` seconds, the ``(user, system,
+    minor page faults)`` of its fastest call (CPU) and its last result. A function's previous result is dropped
+    before it runs again, as a user's would be (not kept alive while the next one is computed)."""
+    times = {k: [] for k in runs}
+    split = {k: (0.0, 0.0, 0, float("inf")) for k in runs}
+    result = dict.fromkeys(runs)
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            result[name] = None
+            o, f = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            w, c = time.perf_counter(), time.process_time()
+            result[name] = fn()
+            wall, cpu = time.perf_counter() - w, time.process_time() - c
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+            times[name].append((wall, cpu))
+            if cpu < split[name][3]:
+                split[name] = (os.times().user - o.user, os.times().system - o.system, faults, cpu)
+    return times, {k: v[:3] for k, v in split.items()}, result
 
 
 def _memory_floor(motion, result, repeats):
@@ -152,32 +175,22 @@ def _run(name, rel, args):
     )
     mapper.to_articulation_motion(motion[:2000])  # warm-up (builds or loads the native kernels)
 
-    def timed():
-        times = []
-        result = None
-        split = []  # (user, system) CPU seconds: the kernel's work and the page faults of fresh outputs
-        for _ in range(args.repeats):
-            del result  # the user's previous result is not kept alive while the next one is computed
-            w, c, o = time.perf_counter(), time.process_time(), os.times()
-            result = mapper.to_articulation_motion(motion)
-            times.append((time.perf_counter() - w, time.process_time() - c))
-            split.append((os.times().user - o.user, os.times().system - o.system))
-        timed.split = min(split, key=sum)
-        return times, result
-
-    ours, result = timed()
-    user, system = timed.split
-    (best_wall, best_cpu), (med_wall, med_cpu) = _stats(ours)
+    local = np.asarray(motion.local_rotation)
+    runs = {"ours": lambda: mapper.to_articulation_motion(motion), "scipy": _scipy_vectorised(layout, local)}
+    times, split, last = _alternating(runs, args.repeats)
+    result, euler = last["ours"], last["scipy"]
+    user, system, faults = split["ours"]
+    (best_wall, best_cpu), (med_wall, med_cpu) = _stats(times["ours"])
+    (vec_wall, vec_cpu), (vec_med_wall, vec_med_cpu) = _stats(times["scipy"])
     mapper.use_native = False
-    np_times, np_result = timed()
-    (np_wall, np_cpu), _ = _stats(np_times)
+    np_times, _, np_last = _alternating({"numpy": lambda: mapper.to_articulation_motion(motion)}, args.repeats)
+    np_result = np_last["numpy"]
+    (np_wall, np_cpu), _ = _stats(np_times["numpy"])
     mapper.use_native = True
     dt = np.dtype(args.dtype)
     native_used = "fused pass" if mapper._native_fused(dt) else ("kernels" if mapper._native_kernels(dt) else "")
     path_diff = np.abs(result.motion.q.astype(np.float64) - np_result.motion.q).max()
-    del np_result
-    vec_times, euler = _scipy_vectorised(layout, np.asarray(motion.local_rotation), args.repeats)
-    (vec_wall, vec_cpu), (vec_med_wall, vec_med_cpu) = _stats(vec_times)
+    del np_result, np_last
     nbytes, (floor_wall, floor_cpu), (warm_wall, warm_cpu), (_, fault_cpu) = _memory_floor(motion, result, args.repeats)
 
     nb = args.baseline_frames
@@ -200,7 +213,7 @@ def _run(name, rel, args):
     print(
         f"  kangengine to_articulation_motion   : CPU {best_cpu:7.3f} s (median {med_cpu:7.3f})  wall "
         f"{best_wall:7.3f} s (median {med_wall:7.3f})  ({rate_cpu:12,.0f} frames/s CPU; q, qd, residuals, summary; "
-        f"best run: user {user:.2f} s, system {system:.2f} s)"
+        f"best run: user {user:.2f} s, system {system:.2f} s, {faults} page faults)"
     )
     print(
         f"  kangengine, numpy reference path    : CPU {np_cpu:7.3f} s  wall {np_wall:7.3f} s  (native "
