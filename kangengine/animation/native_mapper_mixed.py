@@ -42,7 +42,7 @@ _SMALL_ANGLE = 1e-3  # rotations.quat_to_rotvec's series bound
 _OVER_TOL = 1e-6  # the summary counts frames beyond the limits by more than this
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _wrap(x):
     """``rotations.wrap_angle`` of one float64 (into ``(-pi, pi]``)."""
     y = x + (-_TWO_PI) * np.rint(x * (1.0 / _TWO_PI))
@@ -53,7 +53,7 @@ def _wrap(x):
     return y
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _qmul(aw, ax, ay, az, bw, bx, by, bz):
     return (
         aw * bw - ax * bx - ay * by - az * bz,
@@ -63,7 +63,7 @@ def _qmul(aw, ax, ay, az, bw, bx, by, bz):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _joint(L, rest_inv, turned, t, b):
     """``rest^-1 * local`` of body ``b`` at frame ``t`` (float64, not normalised)."""
     w, x, y, z = float(L[t, b, 0]), float(L[t, b, 1]), float(L[t, b, 2]), float(L[t, b, 3])
@@ -73,13 +73,13 @@ def _joint(L, rest_inv, turned, t, b):
     return w, x, y, z
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _angle(w, x, y, z):
     """``rotations.quat_angle``: ``2 atan2(|xyz|, |w|)``."""
     return 2.0 * math.atan2(math.sqrt(x * x + y * y + z * z), abs(w))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _chain_residual(w, x, y, z, axes, theta, n):
     """Angle between the unit-normalised ``J = (w, x, y, z)`` and ``exp(a1 t1) ... exp(an tn)`` (``axes [3, 3]``,
     ``theta [3]``, the first ``n`` used): ``_chain_residual`` of the numpy path."""
@@ -94,7 +94,7 @@ def _chain_residual(w, x, y, z, axes, theta, n):
     return _angle(e[0], e[1], e[2], e[3])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _euler(w, x, y, z, code):
     """Intrinsic Euler angles ``(t1, t2, t3)`` in letter order of the (not necessarily unit) quaternion: the closed
     form of ``rotations.quat_to_euler(q, order, extrinsic=False)``; ``code = (i, j, k, symmetric, s, keep_sign)``
@@ -132,7 +132,7 @@ def _euler(w, x, y, z, code):
     return first, middle, third
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _cost(theta, ref, center, lo, hi):
     """``_angle_cost`` of one hinge: the limit violation after the best 2 pi shift plus the small angle term."""
     qv = theta + ref
@@ -140,7 +140,7 @@ def _cost(theta, ref, center, lo, hi):
     return _COST_ANGLE_WEIGHT * abs(theta) + max(lo - qv, 0.0) + max(qv - hi, 0.0)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rotvec(w, x, y, z):
     """``rotations.quat_to_rotvec`` of one quaternion (standardised, the small-angle series)."""
     if w < 0.0:
@@ -155,7 +155,7 @@ def _rotvec(w, x, y, z):
     return x * scale, y * scale, z * scale
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _velocities(q, qd, runs, rots, fps):
     """``_velocities_small`` (any length): central differences over ``2 dt`` inside, one-sided over ``dt`` at
     the ends (the ends' quaternions normalised); scalar runs ``(a, v0, k)``, rotations ``(a, v0)``."""
@@ -187,7 +187,7 @@ def _velocities(q, qd, runs, rots, fps):
             qd[t, v0 + 2] = rz / div
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _root(L, rt, q, root_body, root_q):
     """The free root: ``q[:, root_q:+3]`` the position, ``q[:, root_q+3:+7]`` the normalised quaternion with
     ``w >= 0`` at frame 0, then sign-continuous (``quat_hemisphere_continuity``)."""
@@ -215,7 +215,7 @@ def _root(L, rt, q, root_body, root_q):
         q[t, root_q + 6] = sign * z
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _solve_slots(L, rest_inv, turned, slots, slot_axes, slot_aux, slot_code, raw, residual, dcost, cross, cost_tab):
     """Per hinge body and frame: the closed forms into ``raw [N, hinges]`` (branch 0 of the triplets), the residuals
     of 1- and 2-hinge bodies, and for triplets the branch cost difference and the crossing flags
@@ -276,7 +276,7 @@ def _solve_slots(L, rest_inv, turned, slots, slot_axes, slot_aux, slot_code, raw
                         cross[t, k3] = d13 > (ga * ga - da * da) * (0.5 / _PI) + _PI
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _choose_branches(raw, slots, slot_aux, dcost, cross):
     """Per triplet: the parity of crossings gives the branch of each of the two tracks; the track with the smaller
     total cost is kept (``_solve_hinges``' branch decision) and branch 1 written over branch 0 where it is taken:
@@ -306,7 +306,7 @@ def _choose_branches(raw, slots, slot_aux, dcost, cross):
                 raw[t, c2] = t3 - math.copysign(_PI, t3)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _turn_shift(first, qmin, qmax, lo, hi, center, limited):
     """``_turn_shift`` of one hinge series: the turns that put it inside its limits or overshoot them least
     (unlimited: frame 0 within pi of the centre, ``ref``)."""
@@ -323,7 +323,7 @@ def _turn_shift(first, qmin, qmax, lo, hi, center, limited):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _place(raw, q, h_q, h_tab, h_limited):
     """Unwrapped hinge series (no 2 pi jumps) ``+ ref``, shifted by one multiple of 2 pi per hinge
     (:func:`_turn_shift`), into ``q``'s hinge columns (``_place_hinges``); ``h_tab [hinges, 4]``: ref, centre,
@@ -351,7 +351,7 @@ def _place(raw, q, h_q, h_tab, h_limited):
             q[t, col] = raw[t, h] + shift
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rewrap_and_count(q, h_q, h_tab, h_narrow, h_limited, rewrapped, worst, count):
     """Narrow hinges (limits spanning less than 2 pi) brought back from a wound angle frame by frame
     (``_rewrap_narrow``, counted per hinge into ``rewrapped``), then per limited hinge the largest violation and
@@ -382,7 +382,7 @@ def _rewrap_and_count(q, h_q, h_tab, h_narrow, h_limited, rewrapped, worst, coun
             count[h] = n
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _clamp(L, rest_inv, turned, q, clamped, residual, slots, slot_axes, h_q, h_v, h_tab, h_limited):
     """Limited hinges clamped into their limits (``clamped = q_clamped - q``), and the residual of every body at
     every frame where one of its hinges moved recomputed from the clamped angles (``_clamp``)."""
@@ -411,7 +411,7 @@ def _clamp(L, rest_inv, turned, q, clamped, residual, slots, slot_axes, h_q, h_v
                 residual[t, b] = _chain_residual(w, x, y, z, slot_axes[s], th, kind)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _all_finite(a):
     for t in range(a.shape[0]):
         for c in range(a.shape[1]):
