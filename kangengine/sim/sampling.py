@@ -40,7 +40,9 @@ Jumps: a reference's flight phases are compared against the ballistic arc throug
 (:func:`ballistic_shift`; a retargeted, scaled jump keeps its timing and does not fall with gravity), the
 push-off that arc needs is added to every sample's offsets as feed-forward (:meth:`_Search.flight_feedforward`),
 and the segments near a take-off or landing add a centre-of-mass velocity term (``COST_WEIGHTS["com_velocity"]``)
-and double the offsets' spread (:data:`FLIGHT_SIGMA_SCALE`). A clip without flight rows is searched as before.
+and double the offsets' spread (:data:`FLIGHT_SIGMA_SCALE`); there, the samples' distribution is refined
+(:data:`REFINE_ROUNDS` cross-entropy rounds: refit the mean and per-DOF spread of the elite's noise, draw again,
+each round one batched segment; :meth:`_Search._refine`). A clip without flight rows is searched as before.
 
 At the end the cheapest leaf's path gives per-frame target offsets, which :func:`~kangengine.sim.track` replays
 through its normal loop (:attr:`~kangengine.sim.TrackingReference.target_offset`): the report describes that
@@ -99,6 +101,14 @@ FLIGHT_SIGMA_SCALE = 2.0
 FLIGHT_FEEDFORWARD = True
 #: Control steps per segment near a take-off or landing (``sampling_segment_steps`` elsewhere).
 FLIGHT_SEGMENT_STEPS = 6
+#: Rounds of refinement of a segment near a take-off or landing (improved SAMCON's iterated sample distribution,
+#: a cross-entropy method): each round fits the mean and per-DOF spread of the noise of the ``sampling_keep``
+#: cheapest samples that stayed within ``sampling_fail_error`` and draws ``sampling_samples`` more from their
+#: parents with it; the segment's beam is chosen from all rounds' samples. 0: off.
+REFINE_ROUNDS = 2
+#: Smallest spread of a refinement round, times the segment's own ``sigma`` (the fitted spread is clamped to
+#: ``REFINE_MIN_SPREAD * sigma .. sigma``), so the distribution does not collapse onto one sample.
+REFINE_MIN_SPREAD = 0.25
 #: Segments a failed segment's search goes back, by the number of failures since the search last got further:
 #: one, two, three segments, then (a drift that began earlier than 0.3 s) further, up to this table's last entry.
 BACKOFF_SEGMENTS = (1, 2, 3, 6, 9, 12)
@@ -179,6 +189,7 @@ def ballistic_shift(
     contact_height: float = 0.03,
     lift_margin: float = 0.005,
     ramp_s: float = 0.15,
+    min_support: float = 0.5,
 ) -> torch.Tensor:
     """``[K, 3]`` m, what moves a reference's centre of mass ``com [K, 3]`` (world, one row per step of ``dt``
     s) onto a ballistic arc in each of its flight phases; ``lowest [K]`` m: the height of the reference's lowest
@@ -187,8 +198,12 @@ def ballistic_shift(
     A flight is a run of rows whose lowest point is over ``contact_height`` (the tracker's contact rule),
     widened to where the feet really leave and meet the ground: back to the last row (forward to the first)
     within ``lift_margin`` of the lowest height of the stance before (after) it. Mocap feet rise through the
-    contact rule's 3 cm while the body still accelerates upwards, which no ground can do (CMU 01_01 on the CMU
-    humanoid: 0.1 s of push-off with the feet 1-3 cm up).
+    contact rule's 3 cm while the body still accelerates upwards (the G1's 01_01 hops). The lift-off is never
+    put before a row where the reference's centre of mass still needs the ground to carry more than
+    ``min_support`` of its weight (its vertical second difference above ``(min_support - 1) |g|``): on the CMU
+    humanoid the retargeted toes rise 3 cm over the last 0.1 s of a push-off that still accelerates the body
+    upwards at up to 1.6 g, and a flight widened over it would ask for an impossible take-off (2.5 m/s at the
+    crouch's end instead of the reference's 1.7 m/s at its real lift-off).
 
     A retargeted, scaled jump keeps its timing, so its flight does not fall with ``gravity`` either (the G1's
     01_01 hops fall at about 7.3 m/s^2, its size over the performer's), and no body can follow it. The arc kept
@@ -203,12 +218,18 @@ def ballistic_shift(
     flag = torch.cat([airborne.new_zeros(1), airborne, airborne.new_zeros(1)]).to(torch.int8)
     edges = torch.nonzero(flag[1:] - flag[:-1]).flatten().tolist()  # a flight is rows edges[2i] .. edges[2i+1]-1
     ramp = max(int(round(ramp_s / dt)), 1)
+    g = torch.linalg.vector_norm(gravity)
+    up = -gravity / g
     for a, b in zip(edges[0::2], edges[1::2]):  # one iteration per flight phase, not per frame
         if a == 0 or b >= k:
             continue
         lo = max(a - 2 * ramp, 0)
         before = lowest[lo:a]
-        a = lo + int(torch.nonzero(before <= before.min() + lift_margin).max()) + 1  # first row off the ground
+        wide = lo + int(torch.nonzero(before <= before.min() + lift_margin).max()) + 1  # first row off the ground
+        rows = torch.arange(max(wide - 1, 1), a, device=com.device)  # may the ground still carry the body there?
+        accel = ((com[rows + 1] - 2.0 * com[rows] + com[rows - 1]) @ up.to(com.dtype)) / dt**2
+        pushed = rows[accel > (min_support - 1.0) * g]
+        a = max(wide, int(pushed.max()) + 1) if pushed.numel() else wide
         hi = min(b + 2 * ramp, k)
         after = lowest[b:hi]
         b = b + int(torch.nonzero(after <= after.min() + lift_margin).min())  # touchdown row
@@ -239,6 +260,20 @@ class _Beam:
 
 def _take(state: State, idx: torch.Tensor) -> State:
     return State(q=state.q[idx], qd=state.qd[idx], frozen=state.frozen[idx], energy_budget=state.energy_budget[idx])
+
+
+def _join(a: tuple, b: tuple) -> tuple:
+    """Two :meth:`_Search.segment` results as one (``a``'s samples first)."""
+    (sa, *ra), (sb, *rb) = a, b
+    state = State(
+        q=torch.cat([sa.state.q, sb.state.q]),
+        qd=torch.cat([sa.state.qd, sb.state.qd]),
+        frozen=torch.cat([sa.state.frozen, sb.state.frozen]),
+        energy_budget=torch.cat([sa.state.energy_budget, sb.state.energy_budget]),
+    )
+    cat = lambda x, y: torch.cat([x, y])  # noqa: E731
+    joined = _Beam(state, cat(sa.normal, sb.normal), cat(sa.offset, sb.offset), cat(sa.cost, sb.cost))
+    return (joined, *[cat(x, y) for x, y in zip(ra, rb)])
 
 
 class _Search:
@@ -299,18 +334,24 @@ class _Search:
             cost = cost + w["self_penetration"] * _self_penetration(self.model, pos, quat)[0]
         return cost, body, com_now
 
-    def segment(self, beam: _Beam, start: int, k: int, steps: int, sigma, targets, generator, n: int, flight: bool):
+    def segment(
+        self, beam: _Beam, start: int, k: int, steps: int, sigma, targets, generator, n: int, flight: bool, draw=None
+    ):
         """Simulate the samples of one segment (steps ``k .. k + steps`` of the clip at row ``start``) from
         ``beam``: ``(samples: _Beam, parent [n], qs [n, steps, nq], alive [n], worst [n] m)``, ``worst`` the
-        largest mean body error the segment reached."""
+        largest mean body error the segment reached. ``draw``: ``(parent [n], offset [n, nv])`` given instead
+        of drawn (:meth:`_refine`)."""
         model, ref, st = self.model, self.ref, self.settings
         dev, dt_ = model.device, model.dtype
         ref_com, ref_com_velocity, shift, base = targets
-        nb = beam.state.num_worlds
-        parent = torch.arange(n, device=dev) % nb
-        noise = torch.randn(n, model.nv, generator=generator, dtype=dt_, device=dev) * sigma
-        noise[:nb] = 0.0
-        offset = st.sampling_coherence * beam.offset[parent] + noise
+        if draw is None:
+            nb = beam.state.num_worlds
+            parent = torch.arange(n, device=dev) % nb
+            noise = torch.randn(n, model.nv, generator=generator, dtype=dt_, device=dev) * sigma
+            noise[:nb] = 0.0
+            offset = st.sampling_coherence * beam.offset[parent] + noise
+        else:
+            parent, offset = draw
         state, normal = _take(beam.state, parent), beam.normal[parent]
         alive = torch.ones(n, dtype=torch.bool, device=dev)
         cost = torch.zeros(n, dtype=dt_, device=dev)
@@ -398,6 +439,12 @@ class _Search:
                 beams[i], start, k, steps, sig, targets, generator, ns, near[i]
             )
             env_steps += ns * steps
+            if near[i] and REFINE_ROUNDS > 0:
+                drawn, extra = self._refine(
+                    beams[i], (samples, parent, qs, alive, worst), start, k, steps, sig, targets, generator, ns
+                )
+                samples, parent, qs, alive, worst = drawn
+                env_steps += extra
             good = alive & (worst < st.sampling_fail_error)
             if not bool(good.any()) and retries < st.sampling_retries and i > 0:
                 retries, fails = retries + 1, fails + 1
@@ -425,6 +472,34 @@ class _Search:
             if fell:
                 break
         return self._backtrack(records, count, ref.q[start], beams[-1].cost[0], fell, base) + (env_steps,)
+
+    def _refine(self, beam: _Beam, drawn: tuple, start: int, k: int, steps: int, sigma, targets, generator, n: int):
+        """``(drawn joined with REFINE_ROUNDS rounds of n samples each, world-steps)``: each round refits the
+        noise distribution (mean and per-DOF spread of ``offset - sampling_coherence * parent's offset``) to the
+        ``sampling_keep`` cheapest good samples so far and draws ``n`` new samples from it, their parents cycled
+        over the elite's; every round is one batched segment (:data:`REFINE_ROUNDS`)."""
+        st = self.settings
+        keep, c = int(st.sampling_keep), st.sampling_coherence
+        extra = 0
+        for _ in range(REFINE_ROUNDS):
+            samples, parent, _, alive, worst = drawn
+            good = alive & (worst < st.sampling_fail_error)
+            pool = good if bool(good.any()) else alive
+            m = min(keep, int(pool.sum()))
+            if m < 2:
+                break
+            ranked = torch.where(pool, samples.cost, torch.full_like(samples.cost, float("inf")))
+            elite = torch.topk(ranked, m, largest=False).indices
+            noise = samples.offset[elite] - c * beam.offset[parent[elite]]
+            mean = noise.mean(0)
+            spread = torch.minimum(torch.maximum(noise.std(0), REFINE_MIN_SPREAD * sigma), sigma)
+            pick = elite[torch.arange(n, device=elite.device) % m]
+            fresh = torch.randn(n, noise.shape[1], generator=generator, dtype=noise.dtype, device=noise.device)
+            offset = c * beam.offset[parent[pick]] + mean + fresh * spread
+            more = self.segment(beam, start, k, steps, sigma, targets, generator, n, True, (parent[pick], offset))
+            drawn = _join(drawn, more)
+            extra += int(self._pad(n).shape[0]) * steps
+        return drawn, extra
 
     def _lookahead(self, samples: _Beam, ranked, survivors: int, start: int, nxt, near: bool, targets, generator):
         """``([<= keep] indices into samples, world-steps)``: the beam chosen by each candidate's segment cost
