@@ -264,11 +264,13 @@ def _peak_joint_speed(layout, result):
 def test_cmu_fbx_onto_the_cmu_humanoid_equals_the_bvh_of_the_same_capture(cmu_humanoid):
     """``cmu_fbx_to_cmu_humanoid`` on the poselib FBX of CMU 01_01 puts every body where
     ``cmu_bvh_to_cmu_humanoid`` puts it from the cgspeed BVH of the same capture (an independent conversion):
-    the FBX's T-pose frame 0 trimmed, its node frames turned back by the configuration's T-pose rotations."""
+    the FBX's T-pose frame 0 trimmed, its node frames turned back by the configuration's T-pose rotations (the
+    FBX configuration's feet planting and spike correction off: the BVH configuration has neither)."""
     desc, _ = cmu_humanoid
     fbx = ke.io.load_fbx(data_file("fbx/01_01_cmu.fbx"))[:361]
     bvh = ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh"))[1:361]
-    a = ke.retarget.retarget_motion(fbx, "cmu_fbx_to_cmu_humanoid", desc)
+    cfg = ke.retarget.load_retarget_config("cmu_fbx_to_cmu_humanoid").replace(plant_feet=(), despike_acceleration=None)
+    a = ke.retarget.retarget_motion(fbx, cfg, desc)
     b = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc)
     pa, pb = a.motion.global_translation.astype(np.float64), b.motion.global_translation.astype(np.float64)
     assert pa.shape == pb.shape and a.scale == pytest.approx(b.scale, rel=1e-4)
@@ -289,7 +291,8 @@ def test_cmu_fbx_walk_onto_the_cmu_humanoid(cmu_humanoid):
     res = ke.retarget.retarget_motion(src, cfg, desc)
     assert res.motion.num_frames == src.num_frames - 1  # poselib's T-pose frame 0 dropped
     err = _relative_body_error(src, res, cfg)
-    assert np.mean(list(err.values())) < 0.07 and max(err["lfoot"], err["rfoot"]) < 0.03, err
+    # the feet within 5 cm: planted, they stand where the model's legs put them (3 cm without plant_feet)
+    assert np.mean(list(err.values())) < 0.07 and max(err["lfoot"], err["rfoot"]) < 0.05, err
     assert all(-35 < a < 0 for a in res.motion.metadata["retarget"]["feet_levelled_deg"].values())
     assert _peak_joint_speed(layout, res) < 60.0
 

@@ -46,6 +46,7 @@ from .. import rotations as R
 from .._files import read_json
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, MotionError, ShapeError, UnknownNameError
+from ._plant import Leg, despike_rotations, plant_feet
 
 __all__ = [
     "GroundFix",
@@ -201,6 +202,20 @@ class RetargetConfig:
             The angles are recorded in ``metadata["retarget"]["feet_levelled_deg"]``; a foot without
             collision geoms (or a target without any) is left as it is and named, with why, in
             ``metadata["retarget"]["feet_not_levelled"]``.
+        plant_feet: ``((foot, toe), ...)`` target bodies (toe may be ``""``): for an articulation target whose
+            foot hangs under a hinge knee (shank) under a thigh, each foot is held at one place through each of its
+            contact phases (found from the source joints mapped onto the foot and the toe: low and slow), by an
+            analytic two-bone IK (knee hinge, thigh swing; the foot keeps its world rotation), the pelvis lowered
+            where the leg cannot reach; applied after ``level_feet`` and before the ground fix. The phases counted
+            and the largest lowering are recorded in ``metadata["retarget"]["feet_planted"]``. A joint map copies
+            the source's rotations onto other proportions, so a foot the performer holds still slides on the
+            target; this holds it.
+        despike_acceleration: rad/s^2, or ``None`` (off): a source joint rotation that stands away from the slerp
+            midpoint of its two neighbouring frames by more than this acceleration's half-frame deviation
+            (``a / (2 fps^2)``; a constant-speed turn gives none), ten times the joint's median over the clip,
+            and came back (a capture glitch: a single-frame spike), is replaced by that midpoint before the
+            retarget. Each correction is listed in ``metadata["retarget"]["spikes_corrected"]`` (source joint,
+            source frame, deviation, the jumps into and out of it).
         name: configuration name.
         description: what the configuration expects (source skeleton, target model).
         target_asset: the default target model file, if any: absolute, or relative to the folder of the
@@ -223,6 +238,8 @@ class RetargetConfig:
     project_hinges: bool = True
     ground_window_s: float = 1.0
     level_feet: tuple[tuple[str, str], ...] = ()
+    plant_feet: tuple[tuple[str, str], ...] = ()
+    despike_acceleration: float | None = None
     name: str = ""
     description: str = ""
     target_asset: str | None = None
@@ -262,6 +279,20 @@ class RetargetConfig:
                 f'{self.level_feet!r}; expected a list of [foot body, toe body or ""] pairs', item="level_feet"
             ) from None
         object.__setattr__(self, "level_feet", feet)
+        try:
+            planted = tuple((str(f), str(t)) for f, t in self.plant_feet)
+        except (TypeError, ValueError):
+            raise FormatError(
+                f'{self.plant_feet!r}; expected a list of [foot body, toe body or ""] pairs', item="plant_feet"
+            ) from None
+        object.__setattr__(self, "plant_feet", planted)
+        if self.despike_acceleration is not None:
+            a = float(self.despike_acceleration)
+            if not (math.isfinite(a) and a > 0):
+                raise FormatError(
+                    f"{self.despike_acceleration!r}; expected rad/s^2 > 0 or null", item="despike_acceleration"
+                )
+            object.__setattr__(self, "despike_acceleration", a)
         object.__setattr__(self, "ground_fix", _enum(GroundFix, self.ground_fix, "ground_fix"))
         object.__setattr__(self, "ground_reference", _enum(GroundReference, self.ground_reference, "ground_reference"))
         if self.trim_frames is not None:
@@ -288,6 +319,8 @@ class RetargetConfig:
         "project_hinges",
         "ground_window_s",
         "level_feet",
+        "plant_feet",
+        "despike_acceleration",
         "poselib",
     )
 
@@ -315,6 +348,8 @@ class RetargetConfig:
                 project_hinges=bool(d.get("project_hinges", True)),
                 ground_window_s=d.get("ground_window_s", 1.0),
                 level_feet=d.get("level_feet", ()),
+                plant_feet=d.get("plant_feet", ()),
+                despike_acceleration=d.get("despike_acceleration"),
                 name=str(d.get("name", "")),
                 description=str(d.get("description", "")),
                 target_asset=d.get("target_asset"),
@@ -398,6 +433,8 @@ class RetargetConfig:
             "project_hinges": self.project_hinges,
             "ground_window_s": self.ground_window_s,
             "level_feet": [list(p) for p in self.level_feet],
+            "plant_feet": [list(p) for p in self.plant_feet],
+            "despike_acceleration": self.despike_acceleration,
         }
 
     def replace(self, **changes) -> RetargetConfig:
@@ -1690,6 +1727,44 @@ def _plan_for(config: RetargetConfig, target, src_tree: SkeletonTree, source_tpo
     return plan
 
 
+def _legs(plan: _Plan, pairs) -> tuple[list[Leg], dict]:
+    """The legs ``plant_feet`` can hold on the plan's target (foot under a one-hinge shank under a thigh, the foot
+    and toe mapped from source joints), and ``{foot: why not}`` for the others."""
+    tree, art = plan.tgt.tree, plan.tgt.art
+    mapped = set(plan.mapped_index.tolist())
+    legs, skipped = [], {}
+    for f, t in pairs:
+        _check_names([f] + ([t] if t else []), tree, "target", None)
+        foot = tree.index(f)
+        toe = tree.index(t) if t else foot
+        shank = int(tree.parent_indices[foot])
+        thigh = int(tree.parent_indices[shank]) if shank >= 0 else -1
+        hinges = [] if art is None or shank < 0 else [j for j in art.joints[shank] if j.type.name == "HINGE"]
+        if thigh < 0 or len(hinges) != 1 or (art is not None and len(art.joints[shank]) != 1):
+            skipped[f] = "the foot's parent is not a one-hinge knee under a thigh"
+        elif foot not in mapped or toe not in mapped:
+            skipped[f] = "the foot or its toe is not mapped from a source joint"
+        else:
+            axis = np.asarray(hinges[0].axis, dtype=np.float64)
+            toe_hinge = [] if art is None or toe == foot else [j for j in art.joints[toe] if j.type.name == "HINGE"]
+            toe_axis = toe_hinge[0].axis / np.linalg.norm(toe_hinge[0].axis) if len(toe_hinge) == 1 else None
+            legs.append(
+                Leg(f, thigh, shank, foot, toe, axis / np.linalg.norm(axis), _heel(plan.tgt, foot, toe), toe_axis)
+            )
+    return legs, skipped
+
+
+def _heel(tgt: _Target, foot: int, toe: int) -> np.ndarray:
+    """``[3]`` m in the foot's frame: the rearmost sole point of the foot's collision geoms (along the foot->toe
+    direction), where a landing foot touches first; the foot's origin where it has no geom."""
+    if tgt.desc is None or toe == foot:
+        return np.zeros(3)
+    pts, _ = _sole_points([g for g in _usable_geoms(tgt.desc) if g.body == foot])
+    if not len(pts):
+        return np.zeros(3)
+    return pts[int(np.argmin(pts @ tgt.tree.local_translation[toe]))]
+
+
 def _rolling_ground(low: np.ndarray, width: int) -> np.ndarray:
     """``[T]`` m: the running minimum of the lowest points ``low [T]`` over ``width`` (odd) frames, then its running
     mean over the same window, the ends repeated (``GroundFix.ROLLING_MIN``; scipy's ``minimum_filter1d`` and
@@ -1702,6 +1777,15 @@ def _rolling_ground(low: np.ndarray, width: int) -> np.ndarray:
     out = np.empty(len(low))
     kernels.rolling_ground(np.ascontiguousarray(low, dtype=np.float64), int(width), out)
     return out
+
+
+def _ground_below(low: np.ndarray, width: int) -> np.ndarray:
+    """``[T]`` m: the running mean over ``width`` (odd) frames of the running minimum of ``low [T]`` over
+    ``2 width - 1`` frames: smooth, and at every frame at or under ``low`` (each mean's window of minima covers that
+    frame), so no frame of the motion is under the ground (``GroundFix.ROLLING_MIN`` with ``plant_feet``)."""
+    from scipy.ndimage import minimum_filter1d, uniform_filter1d
+
+    return uniform_filter1d(minimum_filter1d(low, 2 * width - 1, mode="nearest"), width, mode="nearest")
 
 
 def _local_rotations(plan: _Plan, src_rot: np.ndarray) -> np.ndarray:
@@ -1780,14 +1864,6 @@ def retarget_motion(
     plan = _plan_for(config, target, src.tree, source_tpose, target_tpose)
     tgt = plan.tgt
 
-    # world rotations of the mapped source joints (FK in the source's dtype), onto the target's bodies
-    src_pos, src_rot = plan.source_kinematics.from_local(
-        src.root_translation, src.local_rotation, src.local_translation
-    )
-    local = _local_rotations(plan, src_rot)
-    src_root = np.asarray(src_pos[:, plan.source_root], dtype=np.float64)
-    root = plan.target_tpose_root + (src_root - plan.source_tpose_root) @ plan.root_map.T
-
     meta = dict(src.metadata)
     meta["retarget"] = {
         "config": config.name,
@@ -1796,6 +1872,27 @@ def retarget_motion(
         "source_fps": src.fps,
         "trim_frames": None if config.trim_frames is None else list(config.trim_frames),
     }
+    src_local = src.local_rotation
+    if config.despike_acceleration is not None:
+        src_local, spikes = despike_rotations(src_local, src.fps, max_acceleration=config.despike_acceleration)
+        first = 0 if config.trim_frames is None else config.trim_frames[0]
+        meta["retarget"]["spikes_corrected"] = [
+            {
+                "joint": src.tree.node_names[k.joint],
+                "source_frame": k.frame + first,
+                "deviation_rad": k.deviation_rad,
+                "speed_in_rad_s": k.speed_in_rad_s,
+                "speed_out_rad_s": k.speed_out_rad_s,
+                "reason": "single-frame spike: replaced by the slerp of its neighbours",
+            }
+            for k in spikes
+        ]
+
+    # world rotations of the mapped source joints (FK in the source's dtype), onto the target's bodies
+    src_pos, src_rot = plan.source_kinematics.from_local(src.root_translation, src_local, src.local_translation)
+    local = _local_rotations(plan, src_rot)
+    src_root = np.asarray(src_pos[:, plan.source_root], dtype=np.float64)
+    root = plan.target_tpose_root + (src_root - plan.source_tpose_root) @ plan.root_map.T
     pos = rot = None  # the target's world poses, once computed
     if config.level_feet and plan.feet is not None:
         pos, rot = tgt.tree.kinematics.from_local(root, local)
@@ -1807,6 +1904,19 @@ def retarget_motion(
             meta["retarget"]["feet_not_levelled"] = dict(plan.feet.skipped)
     elif config.level_feet:
         meta["retarget"]["feet_not_levelled"] = {f: "the target has no collision geoms" for f, _ in config.level_feet}
+    if config.plant_feet:
+        legs, not_planted = _legs(plan, config.plant_feet)
+        if legs:
+            mapped = dict(zip(plan.mapped_index.tolist(), plan.source_index.tolist()))
+            pts = np.asarray(src_pos, dtype=np.float64)[:, [mapped[k] for g in legs for k in (g.foot, g.toe)]]
+            pts = plan.target_tpose_root + (pts - plan.source_tpose_root) @ plan.root_map.T  # [T, 2L, 3]
+            pts = pts.reshape(len(pts), len(legs), 2, 3).transpose(1, 2, 0, 3)
+            meta["retarget"]["feet_planted"] = plant_feet(
+                tgt.tree.parent_indices, root, local, tgt.tree.kinematics, legs, pts, src.fps
+            )
+            pos = None
+        if not_planted:
+            meta["retarget"]["feet_not_planted"] = not_planted
     shift = 0.0
     if config.ground_fix is not GroundFix.NONE:
         if pos is None:
@@ -1818,7 +1928,8 @@ def retarget_motion(
         else:
             low = pos[..., 2].min(axis=1)
         if config.ground_fix is GroundFix.ROLLING_MIN:
-            shift = -_rolling_ground(low, max(1, int(round(config.ground_window_s * src.fps)) | 1))
+            width = max(1, int(round(config.ground_window_s * src.fps)) | 1)
+            shift = -(_ground_below(low, width) if config.plant_feet else _rolling_ground(low, width))
         else:
             shift = -float(low.min() if config.ground_fix is GroundFix.CLIP_MIN else low[0])
     shift = shift + config.root_height_offset
