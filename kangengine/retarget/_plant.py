@@ -379,6 +379,9 @@ def plant_feet(
         # fast is not on the ground)
         speed = np.linalg.norm(np.gradient(goal[:, :2], axis=0), axis=-1) * fps
         goal[:, 2] = np.maximum(goal[:, 2], level + SWING_LIFT_S * np.maximum(speed - PLANT_SPEED, 0.0))
+        # nor its heel or toe under the floor they stand on (the foot moves rigidly with the ankle)
+        heel_z, toe_z = (points[i][k, :, 2] + goal[:, 2] - pos[:, leg.foot, 2] for k in (0, 1))
+        goal[:, 2] += np.maximum(np.maximum(levels[0] - heel_z, levels[1] - toe_z), 0.0)
         goals.append(goal)
         hips.append(pos[:, leg.thigh])
         thigh = np.linalg.norm(pos[0, leg.shank] - pos[0, leg.thigh])
