@@ -115,7 +115,9 @@ def test_131_01_spin_stands_on_the_ground_on_the_cmu_humanoid(cmu, source):
     0.2 s and more, while the reference's residual vertical force stays above half its weight (a free flight
     would need none): a hovering stance foot, not a jump. The shipped 0.3 s window puts it on the ground: a
     contact body within 3 cm in every frame of the clip, and what the contact fit cannot explain stays under
-    0.2 m g in the spin."""
+    0.2 m g in the spin. Measured, not pinned (minutes): with it the whole clip on the CMU humanoid is tracked to
+    its end with ``validate``'s defaults (5.0 cm, ``warn`` for ``tracking_error`` and ``foot_skating``, 1,031,232
+    world-steps, 474 CPU-s); with the 1 s window every sample lost it at 2.6 s and the first seed fell at 4.6 s."""
     desc, model, _ = cmu
     cfg = ke.retarget.load_retarget_config(CMU_CONFIG)
     assert cfg.ground_window_s == pytest.approx(0.3)
