@@ -405,3 +405,65 @@ def test_fallen_clip_stops_early_and_frees_its_world(model, walk, layout, tmp_pa
     assert m["simulated_fraction"] < 0.05 and m["simulator_steps"] < 30
     assert m["longest_airborne_s"] == pytest.approx(10.0, abs=0.02)  # the reference is judged in full
     assert "simulated up to" in next(r.message for r in rep.reasons if r.code == "fell")
+
+
+def test_slowest_support_speed_is_the_min_norm_point_of_the_hull_against_scipy():
+    """The slowest material point of a sole's hull: the convex hull's point nearest zero, against scipy's
+    SLSQP on the simplex of the points on the ground (``inf`` where none is)."""
+    from scipy.optimize import minimize
+
+    from kangengine.sim.tracking import _slowest_support_speed
+
+    rng = np.random.default_rng(3)
+    vel, on = rng.normal(size=(150, 6, 2)), rng.random((150, 6)) < 0.6
+    got = _slowest_support_speed(torch.tensor(vel), torch.tensor(on)).numpy()
+    for k in range(vel.shape[0]):
+        pts = vel[k][on[k]]
+        if len(pts) == 0:
+            assert math.isinf(got[k])
+            continue
+        w0 = np.full(len(pts), 1.0 / len(pts))
+        res = minimize(
+            lambda w, pts=pts: np.sum((w @ pts) ** 2),
+            w0,
+            bounds=[(0.0, 1.0)] * len(pts),
+            constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0}],
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        assert got[k] == pytest.approx(math.sqrt(max(res.fun, 0.0)), abs=1e-5)
+
+
+def test_a_pose_turning_on_its_standing_foot_pivots_and_does_not_skate(model, walk, layout):
+    """A stance pose turned at 5 rad/s about a vertical through a point of its standing foot's sole: the foot's
+    lowest point moves faster than the skating speed, the point it turns about stands still, so the
+    reference's contact speed is ~0; the same pose sliding at 1 m/s still skates (``broken``)."""
+    from kangengine.sim.kinematics import link_transforms
+
+    q0 = torch.as_tensor(walk.q[30:31], dtype=model.dtype)
+    pos, quat = link_transforms(model, q0)
+    pb = model.contact_point_body
+    pts = pos[0, pb] + R.quat_rotate(quat[0, pb], model.contact_point_local)
+    pts[:, 2] -= model.contact_radius
+    h = pts[:, 2] - model.contact.ground_height
+    foot = int(pb[torch.argmin(h)])
+    near = (pb == foot) & (h < 0.03)
+    assert int(near.sum()) >= 3
+    low = pts[torch.argmin(h)]
+    sole = pts[near]
+    pivot = sole[torch.argmax(torch.linalg.vector_norm(sole[:, :2] - low[:2], dim=-1))].double().numpy()
+    n, omega = int(walk.fps()), 5.0
+    theta = np.arange(n) / walk.fps() * omega
+    turn = R.quat_from_axis_angle(np.array([0.0, 0.0, 1.0]), theta)
+    q = np.repeat(walk.q[30:31].astype(np.float64), n, axis=0)
+    q[:, 3:7] = R.quat_multiply(turn, q[:, 3:7])
+    off = q[:, :3] - np.array([pivot[0], pivot[1], 0.0])
+    q[:, :3] = R.quat_rotate(turn, off) + np.array([pivot[0], pivot[1], 0.0])
+    qd = ke.animation.ArticulationMotionMapper(layout).velocities(q.astype(np.float32), walk.fps())
+    spin = ke.animation.ArticulationMotion(q.astype(np.float32), qd, walk.fps(), walk.layout_signature)
+    ref = ke.sim.prepare_reference(model, [spin], TrackingSettings())
+    slot = int(torch.nonzero(ref.contact_bodies == foot)[0, 0])
+    inner = slice(2, ref.contact_speed.shape[0] - 2)
+    lowest = float(np.linalg.norm(low[:2].double().numpy() - pivot[:2])) * omega
+    assert lowest > 0.2  # the lowest point's own speed: the old measure called this skating
+    assert float(ref.contact_speed[inner, slot].max()) < 0.02

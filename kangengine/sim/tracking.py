@@ -353,7 +353,9 @@ class TrackingReference:
         unsupported_wrench: ``[N, 6]`` the part of it the contact fit could not explain.
         contact_force: ``[N, Bc]`` N, vertical force the fit puts on each contact body.
         contact_height: ``[N, Bc]`` m, height of each contact body's lowest contact point (unsmoothed).
-        contact_speed: ``[N, Bc]`` m/s, horizontal speed of that point.
+        contact_speed: ``[N, Bc]`` m/s, horizontal speed of the slowest material point of the body's sole on
+            the ground (the convex hull of its contact points within ``contact_height``: a foot turning about
+            a point of its sole is still); of the lowest point where none is that low.
         body_pos: ``[N, B, 3]`` m, body origins of the unsmoothed reference (world).
         contact_bodies: ``[Bc]`` int64, bodies with contact points.
         target_offset: ``[N, nv]`` or ``None``: added (layout tangent, rad or m; root rows 0) to the PD position
@@ -723,6 +725,40 @@ def _fit_contacts(model, settings, points, origin, wrench):
     return forces, idx, explained, p
 
 
+def _slowest_support_speed(vel: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """Slowest horizontal speed of a rigid body's material points in the convex hull of its points ``on`` the
+    ground: a foot that turns about a point of its sole pivots there, it does not slide.
+
+    A rigid body's horizontal velocity is affine in the point, so the slowest point of the hull of the points is
+    the point of the hull of their velocities closest to zero: ``0`` when zero lies inside it (its velocities
+    leave no angular gap of ``pi`` or more), else the nearest vertex or segment.
+
+    Args:
+        vel: ``[N, P, 2]`` m/s, horizontal velocity of the body's material point under each contact point.
+        on: ``[N, P]`` bool, the points near the ground.
+    Returns:
+        ``[N]`` m/s; ``inf`` where no point is on the ground.
+    """
+    n, p, _ = vel.shape
+    norm = torch.linalg.vector_norm(vel, dim=-1)
+    best = torch.where(on, norm, torch.full_like(norm, math.inf)).amin(-1)
+    i, j = torch.triu_indices(p, p, 1, device=vel.device)
+    a, d = vel[:, i], vel[:, j] - vel[:, i]  # [N, pairs, 2]
+    t = (-(a * d).sum(-1) / (d * d).sum(-1).clamp(min=1e-12)).clamp(0.0, 1.0)
+    seg = torch.linalg.vector_norm(a + t[..., None] * d, dim=-1)
+    best = torch.minimum(best, torch.where(on[:, i] & on[:, j], seg, torch.full_like(seg, math.inf)).amin(-1))
+    # zero inside the hull: the sorted directions of the points on the ground leave no gap of pi
+    ang = torch.where(on, torch.atan2(vel[..., 1], vel[..., 0]), torch.full_like(norm, math.inf))
+    ang, _ = ang.sort(-1)
+    m = on.sum(-1)
+    last = torch.gather(ang, 1, (m - 1).clamp(min=0)[:, None])[:, 0]
+    steps = ang[:, 1:] - ang[:, :-1]
+    valid = torch.arange(1, p, device=vel.device)[None] < m[:, None]
+    gap = torch.where(valid, steps, torch.zeros_like(steps)).amax(-1)
+    gap = torch.maximum(gap, ang[:, 0] + 2.0 * math.pi - last)
+    return torch.where((m >= 3) & (gap < math.pi), torch.zeros_like(best), best)
+
+
 def _contact_bodies(model: Model) -> torch.Tensor:
     return torch.unique(model.contact_point_body)
 
@@ -845,12 +881,17 @@ def prepare_reference(
         vel = (material(nxt)[..., :2] - material(prv)[..., :2]) / span[:, None, None]
         speed = torch.linalg.vector_norm(vel, dim=-1)
         h = raw_points[..., 2] - model.contact.ground_height
-        # per body: its lowest point, and that point's speed
+        # per body: its lowest point, and the slowest material point of the part of its sole on the ground
         big = torch.full((n_total, bc, model.num_contact_points), math.inf, dtype=dt_, device=dev)
         mask = point_slot[None, :] == torch.arange(bc, device=dev)[:, None]  # [Bc, C]
         big = torch.where(mask[None], h[:, None, :], big)
         cheight, arg = big.min(-1)
         cspeed = torch.gather(speed, 1, arg)
+        near = h < settings.contact_height
+        for b in range(bc):
+            pts = torch.nonzero(mask[b]).flatten()
+            if pts.numel() > 1:
+                cspeed[:, b] = torch.minimum(cspeed[:, b], _slowest_support_speed(vel[:, pts], near[:, pts]))
     return TrackingReference(
         dt=dt,
         clip_step_start=st,
