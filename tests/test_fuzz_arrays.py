@@ -83,11 +83,12 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
 
 
 def rezip(members: dict[str, bytes]) -> bytes:
-    """An npz (stored zip) of ``{name: .npy bytes}`` with correct CRCs."""
+    """An npz (stored zip) of ``{name: .npy bytes}`` with correct CRCs and a fixed member date (the same
+    bytes on every call: ``writestr`` of a name stamps the current time, to 2 s)."""
     f = io.BytesIO()
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
         for name, data in members.items():
-            z.writestr(name + ".npy", data)
+            z.writestr(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), data)
     return f.getvalue()
 
 
