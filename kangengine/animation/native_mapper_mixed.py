@@ -32,35 +32,17 @@ import math
 import numpy as np
 from numba import njit
 
+from ._quat_scalars import qmul as _qmul
+from ._quat_scalars import rotvec as _rotvec
+from ._quat_scalars import wrap as _wrap
+
 __all__ = ["map_motion"]
 
 _PI = math.pi
 _TWO_PI = 2.0 * math.pi
 _COST_ANGLE_WEIGHT = 1e-3  # the mapper's: limit violation first, then small angles
 _GIMBAL_EPS = 1e-7  # rotations.quat_to_euler's (scipy's) gimbal-lock test
-_SMALL_ANGLE = 1e-3  # rotations.quat_to_rotvec's series bound
 _OVER_TOL = 1e-6  # the summary counts frames beyond the limits by more than this
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _wrap(x):
-    """``rotations.wrap_angle`` of one float64 (into ``(-pi, pi]``)."""
-    y = x + (-_TWO_PI) * np.rint(x * (1.0 / _TWO_PI))
-    if y > _PI:
-        y -= _TWO_PI
-    elif y <= -_PI:
-        y += _TWO_PI
-    return y
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _qmul(aw, ax, ay, az, bw, bx, by, bz):
-    return (
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    )
 
 
 @njit(cache=True, error_model="numpy")
@@ -138,21 +120,6 @@ def _cost(theta, ref, center, lo, hi):
     qv = theta + ref
     qv = qv - _TWO_PI * np.rint((qv - center) / _TWO_PI)
     return _COST_ANGLE_WEIGHT * abs(theta) + max(lo - qv, 0.0) + max(qv - hi, 0.0)
-
-
-@njit(cache=True, error_model="numpy")
-def _rotvec(w, x, y, z):
-    """``rotations.quat_to_rotvec`` of one quaternion (standardised, the small-angle series)."""
-    if w < 0.0:
-        w, x, y, z = -w, -x, -y, -z
-    n2 = x * x + y * y + z * z
-    if n2 < (_SMALL_ANGLE * _SMALL_ANGLE) * (w * w):
-        r2 = n2 / (w * w)
-        scale = (2.0 / w) * (1.0 - r2 / 3.0 + r2 * r2 / 5.0)
-    else:
-        n = math.sqrt(n2)
-        scale = 2.0 * math.atan2(n, w) / n
-    return x * scale, y * scale, z * scale
 
 
 @njit(cache=True, error_model="numpy")

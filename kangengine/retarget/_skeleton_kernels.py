@@ -24,22 +24,15 @@ import math
 import numpy as np
 from numba import njit
 
+from ..animation._quat_scalars import qmul as _qmul
+from ..animation._quat_scalars import wrap as _wrap
+
 __all__ = ["level_pitches", "lowest_points", "mapped_local_rotations", "rolling_ground"]
 
 _PI = math.pi
 _TWO_PI = 2.0 * math.pi
 _TINY = np.finfo(np.float64).eps ** 2
 _STRAIGHT = 1e-18  # |u x v|^2 / |v|^2 at or under which the wanted child bone lies on the parent's bone
-
-
-@njit(cache=True, inline="always")
-def _qmul(aw, ax, ay, az, bw, bx, by, bz):
-    return (
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    )
 
 
 @njit(cache=True, inline="always")
@@ -52,17 +45,6 @@ def _rotate(w, x, y, z, vx, vy, vz):
         2.0 * (xy + wz) * vx + (ww - xx + yy - zz) * vy + 2.0 * (yz - wx) * vz,
         2.0 * (xz - wy) * vx + 2.0 * (yz + wx) * vy + (ww - xx - yy + zz) * vz,
     )
-
-
-@njit(cache=True, inline="always")
-def _wrap(x):
-    """``rotations.wrap_angle`` of one float64 (into ``(-pi, pi]``)."""
-    y = x + (-_TWO_PI) * np.rint(x * (1.0 / _TWO_PI))
-    if y > _PI:
-        y -= _TWO_PI
-    elif y <= -_PI:
-        y += _TWO_PI
-    return y
 
 
 @njit(cache=True, error_model="numpy")

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ..animation._quat_scalars import qmul, rotvec
+
 __all__ = ["step_kernel", "difference_kernel", "integrate_kernel"]
 
 _SQRT_PI_2 = math.sqrt(math.pi) / 2.0
@@ -905,20 +907,8 @@ def difference_kernel(q1, q0, runs, rots, out):
             n0 = max(math.sqrt(q0[w, a] ** 2 + q0[w, a + 1] ** 2 + q0[w, a + 2] ** 2 + q0[w, a + 3] ** 2), 1e-12)
             aw, ax, ay, az = q1[w, a] / n1, q1[w, a + 1] / n1, q1[w, a + 2] / n1, q1[w, a + 3] / n1
             bw, bx, by, bz = q0[w, a] / n0, -(q0[w, a + 1] / n0), -(q0[w, a + 2] / n0), -(q0[w, a + 3] / n0)
-            rw = aw * bw - ax * bx - ay * by - az * bz
-            rx = aw * bx + ax * bw + ay * bz - az * by
-            ry = aw * by - ax * bz + ay * bw + az * bx
-            rz = aw * bz + ax * by - ay * bx + az * bw
-            if rw < 0:
-                rw, rx, ry, rz = -rw, -rx, -ry, -rz
-            n2 = rx * rx + ry * ry + rz * rz
-            if n2 < (_SMALL * _SMALL) * (rw * rw):
-                r2 = n2 / (rw * rw)
-                scale = (2.0 / rw) * (1.0 - r2 / 3.0 + r2 * r2 / 5.0)
-            else:
-                n = math.sqrt(n2)
-                scale = 2.0 * math.atan2(n, rw) / n
-            out[w, v0], out[w, v0 + 1], out[w, v0 + 2] = rx * scale, ry * scale, rz * scale
+            rw, rx, ry, rz = qmul(aw, ax, ay, az, bw, bx, by, bz)
+            out[w, v0], out[w, v0 + 1], out[w, v0 + 2] = rotvec(rw, rx, ry, rz)
 
 
 @njit(cache=True, error_model="numpy")
@@ -943,10 +933,7 @@ def integrate_kernel(q, v, h, runs, rots, out):
                 scale = math.sin(0.5 * angle) / angle
             ew, ex, ey, ez = cw, x * scale, y * scale, z * scale
             bw, bx, by, bz = q[w, a], q[w, a + 1], q[w, a + 2], q[w, a + 3]
-            rw = ew * bw - ex * bx - ey * by - ez * bz
-            rx = ew * bx + ex * bw + ey * bz - ez * by
-            ry = ew * by - ex * bz + ey * bw + ez * bx
-            rz = ew * bz + ex * by - ey * bx + ez * bw
+            rw, rx, ry, rz = qmul(ew, ex, ey, ez, bw, bx, by, bz)
             n = max(math.sqrt(rw * rw + rx * rx + ry * ry + rz * rz), 1e-12)
             out[w, a], out[w, a + 1], out[w, a + 2], out[w, a + 3] = rw / n, rx / n, ry / n, rz / n
 
