@@ -18,6 +18,7 @@ import pytest
 from conftest import data_file
 
 import kangengine as ke
+from kangengine import _deps
 from kangengine import rotations as R
 from kangengine.animation import ArticulationCoordinateLayout, ArticulationMotionMapper, SkeletonMotion
 from kangengine.animation import mapper as mapper_module
@@ -70,7 +71,7 @@ def spy(monkeypatch):
         calls.append(1)
         return kern(*args, **kwargs)
 
-    monkeypatch.setattr(mapper_module, "_MIXED", [counted])
+    monkeypatch.setattr(mapper_module, "_mixed_kernel", lambda: counted)
     return calls
 
 
@@ -196,7 +197,7 @@ def test_without_numba_the_numpy_path_gives_the_same_results(clips, cmu, monkeyp
             raise ImportError(f"No module named {name!r} (made to fail by the test)")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(mapper_module, "_MIXED", [])
+    monkeypatch.setattr(_deps, "_OPTIONAL", {})
     monkeypatch.delitem(__import__("sys").modules, "kangengine.animation.native_mapper_mixed", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_numba)
     assert mapper_module._mixed_kernel() is None

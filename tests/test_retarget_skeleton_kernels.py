@@ -16,6 +16,7 @@ from scipy.ndimage import minimum_filter1d, uniform_filter1d
 from scipy.spatial.transform import Rotation
 
 import kangengine as ke
+from kangengine import _deps
 from kangengine import rotations as R
 from kangengine.retarget import skeleton as sk
 
@@ -52,7 +53,7 @@ def numpy_paths(monkeypatch):
 
     class _Switch:
         def __enter__(self):
-            monkeypatch.setattr(sk, "_KERNELS", [None])
+            monkeypatch.setitem(_deps._OPTIONAL, "kangengine.retarget._skeleton_kernels", None)
 
         def __exit__(self, *exc):
             monkeypatch.undo()

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import rotations as R
+from .._deps import optional
 from ..asset.desc import JointType
 from ..errors import FormatError, LayoutMismatch, MotionError, ShapeError, UnknownNameError
 from .kinematics.trace import add as _add
@@ -1933,18 +1934,10 @@ class ArticulationMotionMapper:
                 residual[rows, b] = _chain_residual(J, axes, th)
 
 
-_MIXED: list = []  # the compiled mixed-layout pass, or None where numba does not import (the numpy path runs)
-
-
 def _mixed_kernel():
     """:func:`~kangengine.animation.native_mapper_mixed.map_motion`, or None where numba does not import."""
-    if not _MIXED:
-        try:
-            from .native_mapper_mixed import map_motion
-        except Exception:  # numba missing or broken: the numpy path
-            map_motion = None
-        _MIXED.append(map_motion)
-    return _MIXED[0]
+    kernels = optional("kangengine.animation.native_mapper_mixed")
+    return None if kernels is None else kernels.map_motion
 
 
 def _euler_code(order: str) -> tuple:

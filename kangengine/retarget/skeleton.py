@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import rotations as R
+from .._deps import optional
 from .._files import read_json
 from ..animation.skeleton import SkeletonMotion, SkeletonState, SkeletonTree
 from ..errors import FileMissingError, FormatError, KangEngineError, MotionError, ShapeError, UnknownNameError
@@ -617,19 +618,10 @@ def _unit(q: np.ndarray) -> np.ndarray:
     return q / np.sqrt(np.einsum("...k,...k->...", q, q))[..., None]
 
 
-_KERNELS: list = []  # [module or None] once tried
-
-
 def _kernels():
     """The compiled per-frame passes (:mod:`._skeleton_kernels`, numba), or None where numba does not import
     (the numpy paths of this module then run; both give the same values to rounding)."""
-    if not _KERNELS:
-        try:
-            from . import _skeleton_kernels as kernels
-        except Exception:  # numba missing or broken: the numpy paths
-            kernels = None
-        _KERNELS.append(kernels)
-    return _KERNELS[0]
+    return optional("kangengine.retarget._skeleton_kernels")
 
 
 # -- ground ---------------------------------------------------------------------------------------------
