@@ -102,7 +102,9 @@ class ValidationThresholds:
         impossible_warn, impossible_reject: fraction of frames that are impossible.
         skate_height: m, a contact body whose lowest point is this close to the ground stands on it.
         skate_speed: m/s, horizontal speed above which the slowest standing body is skating.
-        skate_warn, skate_reject: fraction of frames with contact that skate.
+        skate_lift_speed: m/s, a near-ground body whose lowest point rises or sinks faster than this is
+            lifting off or touching down, not standing (a jump's take-off and landing frames).
+        skate_warn, skate_reject: fraction of the frames with a standing body that skate.
         penetration_warn, penetration_reject: m, deepest reference contact point below the ground.
         limit_warn: rad (m), largest reference joint-limit violation.
         effort_ratio: the feed-forward a frame needs, as a multiple of a DOF's effort limit, above which
@@ -133,6 +135,7 @@ class ValidationThresholds:
     impossible_reject: float = 0.2
     skate_height: float = 0.03
     skate_speed: float = 0.2
+    skate_lift_speed: float = 0.2
     skate_warn: float = 0.15
     skate_reject: float = 0.3
     penetration_warn: float = 0.03
@@ -403,13 +406,18 @@ def _contact_metrics(
     run, start = _runs(airborne)
     m["airborne_fraction"] = float(airborne.mean())
     m["longest_airborne_s"] = float(run * dt)
-    standing = height < th.skate_height
-    has_contact = standing.any(-1)
+    near = height < th.skate_height
+    has_contact = near.any(-1)
+    # a body whose lowest point rises or sinks faster than skate_lift_speed is lifting off or touching down,
+    # not standing: a hop's feet near the ground at take-off and landing do not count as sliding
+    vertical = np.abs(np.gradient(height, dt, axis=0)) if n > 1 else np.zeros_like(height)
+    standing = near & (vertical <= th.skate_lift_speed)
+    stands = standing.any(-1)
     support = np.where(standing, speed, np.inf).min(-1) if height.shape[1] else np.full(n, np.inf)
-    skating = has_contact & (support > th.skate_speed)
+    skating = stands & (support > th.skate_speed)
     m["contact_fraction"] = float(has_contact.mean())
-    m["support_speed_median_mps"] = float(np.median(support[has_contact])) if has_contact.any() else None
-    m["skating_fraction"] = float(skating.sum() / max(int(has_contact.sum()), 1))
+    m["support_speed_median_mps"] = float(np.median(support[stands])) if stands.any() else None
+    m["skating_fraction"] = float(skating.sum() / max(int(stands.sum()), 1))
     m["reference_penetration_max_m"] = float(max(-lowest.min(), 0.0)) if height.shape[1] else 0.0
     m["sim_penetration_max_m"] = float(result.sim_penetration[i, sim].max())
     ss = result.sim_skating_speed[i, sim]
@@ -533,7 +541,7 @@ def rule_foot_skating(e: ClipEvidence) -> list[Reason]:
         return []
     sev, thr = _graded(sk, th.skate_warn, th.skate_reject)
     msg = (
-        f"in {sk:.0%} of the frames with ground contact every standing body slides faster than "
+        f"in {sk:.0%} of the frames with a standing body every standing body slides faster than "
         f"{th.skate_speed:g} m/s (median {m['support_speed_median_mps']:.2f} m/s)"
     )
     return [_reason("foot_skating", sev, msg, sk, thr)]
