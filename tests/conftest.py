@@ -98,3 +98,28 @@ def infeasible_variants(walk, layout) -> dict:
     skating = np.repeat(walk.q[30:31], n, axis=0)
     skating[:, 1] -= np.arange(n) / walk.fps() * 1.0
     return {"teleport": with_q(teleport), "lifted": with_q(lifted), "skating": with_q(skating)}
+
+
+def free_root_model(desc, dtype=None, **model_kw):
+    """``(layout, model)`` of a loaded model description with a free root: the layout from its joints and the
+    simulator's :class:`~kangengine.sim.Model` (``dtype`` a torch dtype, float32 by default; ``model_kw`` to
+    ``Model.from_desc``, e.g. ``contact=``), the loader's warnings about unsimulated geoms silenced."""
+    import warnings
+
+    import torch
+
+    import kangengine as ke
+
+    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ke.sim.Model.from_desc(desc, layout, dtype=dtype or torch.float32, **model_kw)
+    return layout, model
+
+
+def cmu_humanoid(dtype=None, **model_kw):
+    """``(desc, layout, model)`` of dm_control's CMU humanoid from the shared data (see :func:`free_root_model`)."""
+    import kangengine as ke
+
+    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
+    return (desc, *free_root_model(desc, dtype, **model_kw))

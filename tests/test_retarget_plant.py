@@ -10,12 +10,10 @@ knee IK.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file
 from scipy.spatial.transform import Rotation, Slerp
 
 import kangengine as ke
@@ -26,12 +24,7 @@ CONFIG = "cmu_fbx_to_cmu_humanoid"
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ke.sim.Model.from_desc(desc, layout, dtype=torch.float64)
-    return desc, layout, model
+    return cmu_humanoid(torch.float64)
 
 
 def _scipy_midpoint_deviation(quat_wxyz: np.ndarray) -> np.ndarray:

@@ -9,28 +9,19 @@ humanoid, whose frames no longer counted all lie at its take-off and landing (ne
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
-import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file
 
 import kangengine as ke
 from kangengine.sim import ValidationThresholds
 from kangengine.sim.verdict import clip_metrics
 
-CMU = "mjcf/dm_control/humanoid_CMU.xml"
-
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file(CMU))
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ke.sim.Model.from_desc(desc, layout, dtype=torch.float32)
-    return desc, layout, model
+    return cmu_humanoid()
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,10 @@ independent closest-distance computation (scipy's minimiser over the two capsule
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file
 from scipy.optimize import minimize
 
 import kangengine as ke
@@ -26,11 +24,7 @@ THROUGH = {"lhumerusrz": 1.5708, "lhumerusry": 0.7854, "lhumerusrx": -1.0472, "l
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ke.sim.Model.from_desc(desc, layout, contact=ke.sim.ContactParams(self_collision=True))
+    desc, layout, model = cmu_humanoid(contact=ke.sim.ContactParams(self_collision=True))
     bvh = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
     on_robot = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
     walk = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_robot, clamp_to_limits=True).motion
