@@ -774,7 +774,8 @@ def _active_set_qp(hess, rhs, x, iterations):
         down = (step < 0.0) & ~at_zero
         ratio = torch.where(down, x / (-step).clamp(min=1e-300), torch.full_like(x, math.inf))
         alpha = ratio.amin(-1).clamp(max=1.0)
-        x = torch.clamp(x + alpha[:, None] * step, min=0.0)
+        blocking = down & (ratio <= alpha[:, None])  # lands exactly on its bound (else it creeps there forever)
+        x = torch.where(blocking, torch.zeros_like(x), torch.clamp(x + alpha[:, None] * step, min=0.0))
     return x
 
 
@@ -788,7 +789,8 @@ def _fit_contacts(model, settings, points, origin, wrench, joints=None):
     among the forces that explain the same wrench ``A lam``, those that minimise
     ``sum_j ((tau_j - (G lam)_j) / limit_j)^2``, where ``G`` holds each edge's generalised force at its point
     (``J_b(p)^T d``) and ``tau`` the joints' inverse dynamics; a frame keeps them only where they explain the
-    root's wrench as well (to ``1e-4 m g``), so the unsupported wrench is never larger than the first stage's.
+    root's wrench as well (its force and its torque each to ``1e-4 m g``, resp. ``1e-4 m g`` x 1 m), so the
+    unsupported wrench is never larger than the first stage's.
 
     Args:
         points: ``[n, C, 3]`` contact points (world); origin ``[n, 3]`` root origin; wrench ``[n, 6]``.
@@ -834,9 +836,15 @@ def _fit_contacts(model, settings, points, origin, wrench, joints=None):
         # (to 1e-4 m g) as the minimum-norm ones
         mg = model.total_mass * GRAVITY
         weighted = _fit_effort(model, settings, (p, idx, d, active), a, lam / mg, joints) * mg
-        miss = torch.linalg.vector_norm((a @ lam[..., None])[..., 0] - wrench, dim=-1)
-        miss_w = torch.linalg.vector_norm((a @ weighted[..., None])[..., 0] - wrench, dim=-1)
-        lam = torch.where((miss_w <= miss + 1e-4 * mg)[:, None], weighted, lam)
+
+        def miss(x):  # [n, 2] unexplained force (N) and torque (N m)
+            r = (a @ x[..., None])[..., 0] - wrench
+            return torch.stack(
+                [torch.linalg.vector_norm(r[:, :3], dim=-1), torch.linalg.vector_norm(r[:, 3:], dim=-1)], -1
+            )
+
+        keep = (miss(weighted) <= miss(lam) + 1e-4 * mg).all(-1)
+        lam = torch.where(keep[:, None], weighted, lam)
     forces = (lam.reshape(n, k, 4, 1) * d).sum(2)  # [n, k, 3]
     explained = (a @ lam[..., None])[..., 0]
     return forces, idx, explained, p
