@@ -835,7 +835,17 @@ def _fit_contacts(model, settings, points, origin, wrench, joints=None):
         # the root's wrench first: a frame keeps the effort-weighted forces only where they explain it as well
         # (to 1e-4 m g) as the minimum-norm ones
         mg = model.total_mass * GRAVITY
-        weighted = _fit_effort(model, settings, (p, idx, d, active), a, lam / mg, joints) * mg
+        # only frames whose loaded points lie on two bodies or more have a split to choose: on one body the root's
+        # wrench fixes every joint torque
+        body = model.contact_point_body[idx]
+        first = torch.where(active > 0, body, torch.full_like(body, -1)).amax(-1, keepdim=True)
+        split = ((active > 0) & (body != first)).any(-1).nonzero().flatten()
+        weighted = lam.clone()
+        if split.numel():
+            pos, jac, tau = joints
+            cones = (p[split], idx[split], d[split], active[split])
+            sub = _fit_effort(model, settings, cones, a[split], lam[split] / mg, (pos[split], jac[split], tau[split]))
+            weighted[split] = sub * mg
 
         def miss(x):  # [n, 2] unexplained force (N) and torque (N m)
             r = (a @ x[..., None])[..., 0] - wrench
