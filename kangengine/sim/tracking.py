@@ -23,7 +23,13 @@ How a reference becomes controls (all batched over the clips' frames, once, befo
    feed-forward becomes ``tau = ID - J_c^T f_c`` (plus the model's passive spring and damper forces),
    so the torques are those of the reference motion *with* its ground reaction forces. What the fit
    cannot explain is the *unsupported wrench* (a frame that needs it is physically impossible with
-   this contact).
+   this contact). Where several contacts share the load (two feet, a foot's heel, toe and toe body), the
+   root's wrench does not fix the split, and the minimum-norm one puts force where the ankles need the most
+   torque. So (``fit_effort``, the default), among the cone forces that explain the same root wrench, the fit
+   takes those that minimise ``sum_j ((tau_j - (J_c^T f)_j) / limit_j)^2`` over the joints (a DOF without an
+   effort limit weighs as the median one): the torque-minimising contact distribution of whole-body
+   controllers, which is what a policy with the model's own actuators must find. The root's wrench stays
+   first: a frame keeps these forces only where they explain it as well as the minimum-norm ones.
 4. **Balance by the stance legs** (``balance``, on by default). Open-loop joint tracking drifts: the
    root follows from contact forces, and a humanoid on its feet is an inverted pendulum. Each step the
    joint targets are shifted by ``dq`` solving ``J_p,joints dq = -J_p,root e`` in damped least squares over
@@ -180,6 +186,11 @@ class TrackingSettings:
             in the contact fit.
         fit_points: most contact points per frame considered by the fit (the lowest ones).
         fit_iterations: projected-gradient iterations of the contact fit.
+        fit_effort: distribute the fitted contact forces where the joints' torques, relative to their effort
+            limits, are smallest (default; see the module docstring, item 3); off: the minimum-norm distribution.
+        fit_effort_penalty, fit_effort_rounds, fit_effort_iterations, fit_effort_ridge: its augmented
+            Lagrangian (penalty on the root's wrench, in units of ``m g``, against the squared torque/limit
+            ratios), its rounds, the active-set steps per round and the ridge on the forces (units of ``m g``).
         friction: Coulomb coefficient used by the fit (``None``: the model's per-point friction); the fit
             uses ``friction_margin`` times it.
         friction_margin: safety factor on the friction cone of the fit.
@@ -257,6 +268,11 @@ class TrackingSettings:
     contact_height: float = 0.03
     fit_points: int = 16
     fit_iterations: int = 150
+    fit_effort_ridge: float = 1e-4
+    fit_effort: bool = True
+    fit_effort_penalty: float = 1e4
+    fit_effort_rounds: int = 3
+    fit_effort_iterations: int = 30
     friction: float | None = None
     friction_margin: float = 0.8
     balance: bool = True
@@ -680,13 +696,108 @@ def _generalized(jac: torch.Tensor, wrench: torch.Tensor) -> torch.Tensor:
     return torch.einsum("nbiv,nbi->nv", jac, wrench)
 
 
-def _fit_contacts(model, settings, points, origin, wrench):
-    """Non-negative least squares of the residual wrench over linearised friction cones.
+def _effort_weights(model: Model, j0: int) -> torch.Tensor:
+    """``[nv - j0]`` 1/N m (1/N for slides): the inverse effort limit of each joint DOF; a DOF without a
+    (finite, positive) limit gets the median weight of those with one (a typical actuator: neither free nor
+    precious), and on a model with no limit at all every DOF gets ``1 / (m g 1 m)``."""
+    limit = model.dof_effort_limit[j0:]
+    finite = torch.isfinite(limit) & (limit > 0)
+    weight = torch.where(finite, 1.0 / torch.where(finite, limit, torch.ones_like(limit)), torch.zeros_like(limit))
+    neutral = weight[finite].median() if bool(finite.any()) else 1.0 / (model.total_mass * GRAVITY)
+    return torch.where(finite, weight, torch.full_like(weight, float(neutral)))
+
+
+def _fit_effort(model, settings, cones, a, lam, joints):
+    """The second stage of :func:`_fit_contacts`: among the cone forces that explain the wrench ``A lam0`` the
+    first stage explained, those that minimise ``sum_j ((tau_j - (G lam)_j) / limit_j)^2 + eps ||lam||^2``
+    (the equality held by an augmented Lagrangian with penalty ``fit_effort_penalty``: ``fit_effort_rounds``
+    rounds of ``fit_effort_iterations`` active-set steps, warm started from ``lam0``; float64 inside).
+
+    Args:
+        cones: ``(points [n, k, 3], index [n, k], edges [n, k, 4, 3], active [n, k])``; a ``[n, 6, 4k]`` root
+            rows; lam ``[n, 4k]`` the first stage (units of ``m g``); joints as in :func:`_fit_contacts`.
+    Returns:
+        ``[n, 4k]`` edge magnitudes, units of ``m g``.
+    """
+    p, idx, d, active = cones
+    pos, jac, tau = joints
+    n, k = idx.shape
+    mg = model.total_mass * GRAVITY
+    j0 = _first_joint_dof(model)
+    body = model.contact_point_body[idx]  # [n, k]
+    lever = p - torch.gather(pos, 1, body[..., None].expand(-1, -1, 3))
+    edge = torch.cat([d, torch.linalg.cross(lever[:, :, None].expand_as(d), d)], -1)  # [n, k, 4, 6]
+    jb = torch.gather(jac, 1, body[..., None, None].expand(-1, -1, 6, jac.shape[-1]))[..., j0:]
+    w = _effort_weights(model, j0)  # [nj]
+    g = torch.einsum("nkiv,nkei->nvke", jb, edge * active[..., None, None]).reshape(n, -1, 4 * k)
+    g = g * (w * mg)[:, None]  # [n, nj, 4k]: weighted joint torque per unit of m g on each edge
+    f64 = torch.float64
+    g, a, lam = g.to(f64), a.to(f64), lam.to(f64)
+    gt, at = g.transpose(1, 2), a.transpose(1, 2)
+    goal = (a @ lam[..., None])[..., 0]  # [n, 6] the wrench the first stage explains, units of m g
+    rho = settings.fit_effort_penalty
+    m = 4 * k
+    hess = gt @ g + rho * (at @ a) + settings.fit_effort_ridge * torch.eye(m, dtype=f64, device=g.device)
+    base = (gt @ (tau[:, j0:].to(f64) * w.to(f64))[..., None])[..., 0]
+    mult = torch.zeros_like(goal)
+    for _ in range(settings.fit_effort_rounds):
+        rhs = base + (at @ (rho * goal - mult)[..., None])[..., 0]
+        lam = _active_set_qp(hess, rhs, lam, settings.fit_effort_iterations)
+        mult = mult + rho * ((a @ lam[..., None])[..., 0] - goal)
+    return lam.to(p.dtype)
+
+
+def _active_set_qp(hess, rhs, x, iterations):
+    """``argmin_{x >= 0} 1/2 x^T H x - b^T x`` by a primal active-set method, batched over rows: each
+    iteration solves the equality problem on the free variables (those above 0, and those at 0 whose gradient
+    and Newton step both point up) and moves towards its solution until the first free variable reaches 0. A
+    row stops moving once it is at the optimum of its free set with no variable to release (the KKT point).
+
+    Args:
+        hess: ``[n, m, m]`` symmetric positive definite; rhs ``[n, m]``; x ``[n, m]`` start (>= 0).
+    Returns:
+        ``[n, m]``.
+    """
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+
+    def newton(free):
+        reduced = hess * free[:, :, None] * free[:, None, :] + eye * (1.0 - free)[:, None, :]
+        return -torch.linalg.solve(reduced, grad * free)
+
+    for _ in range(iterations):
+        grad = (hess @ x[..., None])[..., 0] - rhs
+        at_zero = x <= 0.0
+        free = (~at_zero | (grad < 0.0)).to(x.dtype)
+        step = newton(free)
+        free = free * ~(at_zero & (step < 0.0))  # a released variable the step would push down stays at 0
+        step = newton(free)
+        down = (step < 0.0) & ~at_zero
+        ratio = torch.where(down, x / (-step).clamp(min=1e-300), torch.full_like(x, math.inf))
+        alpha = ratio.amin(-1).clamp(max=1.0)
+        blocking = down & (ratio <= alpha[:, None])  # lands exactly on its bound (else it creeps there forever)
+        x = torch.where(blocking, torch.zeros_like(x), torch.clamp(x + alpha[:, None] * step, min=0.0))
+    return x
+
+
+def _fit_contacts(model, settings, points, origin, wrench, joints=None):
+    """Contact forces on linearised friction cones that explain the residual wrench, distributed where the
+    joints' torques are cheapest (see the module docstring, item 3).
+
+    Two stages over the cone-edge magnitudes ``lam >= 0``, batched over frames. First the minimum-norm
+    non-negative least squares of the root rows, ``||A lam - w||^2 + eps ||lam||^2`` (``fit_iterations``
+    accelerated projected-gradient steps). Then (``fit_effort`` and ``joints`` given, :func:`_fit_effort`),
+    among the forces that explain the same wrench ``A lam``, those that minimise
+    ``sum_j ((tau_j - (G lam)_j) / limit_j)^2``, where ``G`` holds each edge's generalised force at its point
+    (``J_b(p)^T d``) and ``tau`` the joints' inverse dynamics; a frame keeps them only where they explain the
+    root's wrench as well (its force and its torque each to ``1e-4 m g``, resp. ``1e-4 m g`` x 1 m), so the
+    unsupported wrench is never larger than the first stage's.
 
     Args:
         points: ``[n, C, 3]`` contact points (world); origin ``[n, 3]`` root origin; wrench ``[n, 6]``.
+        joints: ``None`` (no effort weighting) or ``(pos [n, B, 3] link origins, jac [n, B, 6, nv] link
+            Jacobians, tau [n, nv] joint torques without contact, N m)``.
     Returns:
-        ``(forces [n, k, 3], index [n, k], explained [n, 6])``.
+        ``(forces [n, k, 3] N world, index [n, k] contact point, explained [n, 6], points [n, k, 3])``.
     """
     n, c, _ = points.shape
     k = min(settings.fit_points, c)
@@ -720,6 +831,30 @@ def _fit_contacts(model, settings, points, origin, wrench):
         t1 = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
         y = new + ((t - 1.0) / t1) * (new - lam)
         lam, t = new, t1
+    if joints is not None and settings.fit_effort:
+        # the root's wrench first: a frame keeps the effort-weighted forces only where they explain it as well
+        # (to 1e-4 m g) as the minimum-norm ones
+        mg = model.total_mass * GRAVITY
+        # only frames whose loaded points lie on two bodies or more have a split to choose: on one body the root's
+        # wrench fixes every joint torque
+        body = model.contact_point_body[idx]
+        first = torch.where(active > 0, body, torch.full_like(body, -1)).amax(-1, keepdim=True)
+        split = ((active > 0) & (body != first)).any(-1).nonzero().flatten()
+        weighted = lam.clone()
+        if split.numel():
+            pos, jac, tau = joints
+            cones = (p[split], idx[split], d[split], active[split])
+            sub = _fit_effort(model, settings, cones, a[split], lam[split] / mg, (pos[split], jac[split], tau[split]))
+            weighted[split] = sub * mg
+
+        def miss(x):  # [n, 2] unexplained force (N) and torque (N m)
+            r = (a @ x[..., None])[..., 0] - wrench
+            return torch.stack(
+                [torch.linalg.vector_norm(r[:, :3], dim=-1), torch.linalg.vector_norm(r[:, 3:], dim=-1)], -1
+            )
+
+        keep = (miss(weighted) <= miss(lam) + 1e-4 * mg).all(-1)
+        lam = torch.where(keep[:, None], weighted, lam)
     forces = (lam.reshape(n, k, 4, 1) * d).sum(2)  # [n, k, 3]
     explained = (a @ lam[..., None])[..., 0]
     return forces, idx, explained, p
@@ -838,10 +973,11 @@ def prepare_reference(
         if model.num_contact_points:
             pts = _contact_points(model, pos, quat)
             if free and settings.feedforward is FeedForward.CONTACT:
-                forces, idx, explained, p = _fit_contacts(model, settings, pts, pos[:, 0], tau[:, :6])
+                jac = link_jacobians(model, q)
+                joints = (pos, jac, tau + tau_p)
+                forces, idx, explained, p = _fit_contacts(model, settings, pts, pos[:, 0], tau[:, :6], joints)
                 unsup[s:e] = tau[:, :6] - explained
                 pbody = model.contact_point_body[idx]
-                jac = link_jacobians(model, q)
                 tau = tau - _generalized(jac, _body_wrenches(model, pos, p, pbody, forces))
                 cforce[s:e].scatter_add_(1, point_slot[idx], forces[..., 2])
             elif free:
