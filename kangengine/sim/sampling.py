@@ -17,11 +17,19 @@ simulator states starts at the reference's first frame. Per segment:
    from the root to the bodies the reference stands on, ``sampling_sigma_torso`` on the trunk and arms,
    ``sampling_sigma_limbs`` elsewhere).
    The first ``keep`` samples are their parents' offsets unperturbed, so a segment never loses the best
-   continuation it already had.
+   continuation it already had. The noise of the non-leg DOFs is scaled, per sample, by one of
+   :data:`POSE_NOISE_SCALES` (1, 0.5, 0.25, 0), cycled over each parent's samples: on the CMU humanoid the
+   chosen offsets were as large as the noise drawn (rms 0.1 rad on the trunk and arms) and they were the error
+   (07_01's first 1.5 s: 6.1 cm, arms 7.8 and head 8.1 cm, while the PD tracker with its root held follows the
+   arms within 1 cm); offered samples that leave the pose alone, the beam takes them where balance allows
+   (4.6 cm, arms 3.7, head 4.7 cm, same seed, same world-steps).
 2. Each sample runs the segment with :func:`~kangengine.sim.tracking.pd_control` (feed-forward, implicit drives,
    stance-leg balance, plus its offset), exactly the command :func:`~kangengine.sim.track` replays.
 3. Its cost, summed over the states the segment reaches: mean body position error (m), centre-of-mass
    position error (m), root orientation error (rad), root linear and angular velocity errors (m/s, rad/s) and,
+   the mean distance of the bodies from the reference's when the trunk, arm and head offsets are reached
+   (:meth:`_Search.target_pose_error`, times the segment's steps: a 2 Hz drive shows only part of a held
+   offset within a 0.1 s segment; the legs' offsets are balance and are not counted), and,
    for a model with link-to-link pairs, the deepest overlap of two links (m), with the weights of
    :data:`COST_WEIGHTS` (after SAMCON's pose, root, end-effector and balance terms; the end
    effectors are among the bodies). A sample whose state meets the tracker's fall rule
@@ -80,7 +88,7 @@ from .tracking import (
 
 __all__ = ["COST_WEIGHTS", "SamplingPlan", "ballistic_shift", "dof_groups", "sample_target_offsets"]
 
-#: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s, m, m/s).
+#: Weights of the search's cost terms, per state reached (units of the terms: m, m, rad, m/s, rad/s, m, m/s, m).
 #: ``com_velocity`` counts only in segments near a take-off or landing of the reference (none in a walk).
 COST_WEIGHTS = {
     "body": 1.0,
@@ -90,6 +98,7 @@ COST_WEIGHTS = {
     "root_angular_velocity": 0.05,
     "self_penetration": 10.0,
     "com_velocity": 1.0,
+    "target_pose": 1.0,
 }
 
 #: Compare flights against the ballistic arc of :func:`ballistic_shift` (body, centre of mass and its velocity).
@@ -120,6 +129,9 @@ DEEP_RETRY_SAMPLE_SCALE = 2
 #: ``LOOKAHEAD_WEIGHT`` x that continuation's cost is lowest (a continuation that fails ranks last): a state
 #: that tracks well now but is heading for a fall is not kept. 0 candidates: no lookahead.
 LOOKAHEAD_CANDIDATES = 4
+#: Factors on the spread of the non-leg DOFs' noise (trunk, arms, head), cycled over each beam entry's samples:
+#: an offset there is pose error first and balance seldom, so the search is offered samples that leave it alone.
+POSE_NOISE_SCALES = (1.0, 0.5, 0.25, 0.0)
 LOOKAHEAD_WEIGHT = 1.0
 
 
@@ -285,6 +297,7 @@ class _Search:
         self.gains = drive_gains(model, settings)
         self.j0 = _first_joint_dof(model)
         self._pads = {}
+        self._ref_pos = {}
 
     def _pad(self, n: int) -> torch.Tensor:
         """Indices of ``n`` samples padded to a multiple of 32 worlds (``batch_invariant``)."""
@@ -304,6 +317,7 @@ class _Search:
         )
         sigma = table[groups]
         sigma[: self.j0] = 0.0
+        self.pose_mask = (groups != 0).to(sigma.dtype)  # the legs' offsets are balance, not pose: not costed
         return sigma
 
     def cost(self, state, pos, quat, row: int, ref_com, com_before, ref_com_velocity, shift, flight: bool):
@@ -334,6 +348,17 @@ class _Search:
             cost = cost + w["self_penetration"] * _self_penetration(self.model, pos, quat)[0]
         return cost, body, com_now
 
+    def target_pose_error(self, row: int, offset: torch.Tensor) -> torch.Tensor:
+        """``[n]`` m, mean distance of the bodies of reference row ``row``'s pose moved by the target offsets
+        ``offset [n, nv]`` (its own root) from that pose's: the pose error the offsets ask for once the drives
+        have reached them (:data:`COST_WEIGHTS` ``target_pose``)."""
+        q_ref = self.ref.q[row]
+        moved = self.model.layout.integrate(q_ref.expand(offset.shape[0], -1), offset * self.pose_mask)
+        pos, _ = link_transforms(self.model, moved)
+        if row not in self._ref_pos:
+            self._ref_pos = {row: link_transforms(self.model, q_ref[None])[0]}
+        return torch.linalg.vector_norm(pos - self._ref_pos[row], dim=-1).mean(-1)
+
     def segment(
         self, beam: _Beam, start: int, k: int, steps: int, sigma, targets, generator, n: int, flight: bool, draw=None
     ):
@@ -348,6 +373,10 @@ class _Search:
             nb = beam.state.num_worlds
             parent = torch.arange(n, device=dev) % nb
             noise = torch.randn(n, model.nv, generator=generator, dtype=dt_, device=dev) * sigma
+            if POSE_NOISE_SCALES:  # each parent's samples: every spread of the non-leg DOFs, down to none
+                scales = torch.tensor(POSE_NOISE_SCALES, dtype=dt_, device=dev)
+                scale = scales[(torch.arange(n, device=dev) // nb) % scales.shape[0]]
+                noise = noise * (1.0 - self.pose_mask + self.pose_mask * scale[:, None])
             noise[:nb] = 0.0
             offset = st.sampling_coherence * beam.offset[parent] + noise
         else:
@@ -388,6 +417,8 @@ class _Search:
                 state, pos, quat, ci + 1, ref_com[k + j + 1], com, ref_com_velocity[k + j + 1], shift[k + j + 1], flight
             )
             cost, worst = cost + c, torch.maximum(worst, body)
+        if COST_WEIGHTS["target_pose"] > 0:  # where the held offset sends the bodies, which 6 steps show in part
+            cost = cost + COST_WEIGHTS["target_pose"] * steps * self.target_pose_error(start + k + steps, offset)
         end = torch.full((n,), start + k + steps, dtype=torch.int64, device=dev)
         alive &= ~_fallen(model, ref, st, pos, end) & ~state.frozen
         return _Beam(state, normal, offset, cost), parent, qs, alive, worst
