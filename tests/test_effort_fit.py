@@ -66,7 +66,7 @@ def test_fit_matches_scipy_slsqp_on_real_double_support_frames(cmu, walk_08_02):
     explains that wrench to 1e-3 m g, and is never above the minimum-norm distribution's cost."""
     desc, _, _ = cmu
     model, _ = _model(desc, torch.float64)
-    settings = TrackingSettings()
+    settings = TrackingSettings(fit_effort=True)
     ref = T.prepare_reference(model, [walk_08_02], settings)
     rows = torch.tensor([36, 67, 98])
     q, v, a = ref.q[rows], ref.qd[rows], ref.qdd[rows]
@@ -206,7 +206,7 @@ def test_07_01_feedforward_is_under_the_effort_warn_line_and_supports_the_same_w
     motion = _on_cmu(cmu, "fbx/07_01_cmu.fbx")
     mg = model.total_mass * T.GRAVITY
     before = T.prepare_reference(model, [motion], TrackingSettings(fit_effort=False))
-    after = T.prepare_reference(model, [motion], TrackingSettings())
+    after = T.prepare_reference(model, [motion], TrackingSettings(fit_effort=True))
     assert _over_threshold(model, before) == pytest.approx(0.114, abs=0.005)
     assert _over_threshold(model, after) == pytest.approx(0.082, abs=0.01) and _over_threshold(model, after) < 0.1
     for part in (slice(0, 3), slice(3, 6)):  # force (N), torque (N m)
