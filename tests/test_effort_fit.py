@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file, free_root_model
 from scipy.optimize import minimize
 
 import kangengine as ke
@@ -28,21 +27,13 @@ from kangengine.sim.dynamics import inverse_dynamics
 from kangengine.sim.kinematics import link_jacobians, link_transforms
 
 
-def _model(desc, dtype):
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ke.sim.Model.from_desc(desc, layout, dtype=dtype), layout
-
-
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    return (desc, *_model(desc, torch.float32))
+    return cmu_humanoid()
 
 
 def _on_cmu(cmu, rel):
-    desc, _, layout = cmu
+    desc, layout, _ = cmu
     src = ke.pipelines.load_motion(data_file(rel))
     on_model = ke.retarget.retarget_motion(src, "cmu_fbx_to_cmu_humanoid", desc).motion
     return ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_model, clamp_to_limits=True).motion
@@ -65,7 +56,7 @@ def test_fit_matches_scipy_slsqp_on_real_double_support_frames(cmu, walk_08_02):
     >= 0 on the same four-edge cones, the root wrench held at what the minimum-norm fit explains) within 1 %,
     explains that wrench to 1e-3 m g, and is never above the minimum-norm distribution's cost."""
     desc, _, _ = cmu
-    model, _ = _model(desc, torch.float64)
+    _, model = free_root_model(desc, torch.float64)
     settings = TrackingSettings(fit_effort=True)
     ref = T.prepare_reference(model, [walk_08_02], settings)
     rows = torch.tensor([36, 67, 98])
@@ -181,7 +172,7 @@ def test_a_body_leaning_on_a_weak_and_a_strong_ankle_loads_the_strong_one(tmp_pa
     path = tmp_path / "two_feet.xml"
     path.write_text(LEANING.replace("WEAK", str(weak)).replace("STRONG", str(strong)))
     desc = ke.asset.MJCFLoader.load(path)
-    model, layout = _model(desc, torch.float64)
+    layout, model = free_root_model(desc, torch.float64)
     q = np.zeros((12, layout.nq))
     q[:, 2] = 0.5
     q[:, 3] = 1.0  # identity root: the spheres' lowest points on the ground
@@ -202,7 +193,7 @@ def test_07_01_feedforward_is_under_the_effort_warn_line_and_supports_the_same_w
     """07_01 whole (feet planted) on the CMU humanoid, reference-side: the minimum-norm distribution needs over
     3x an ankle's effort limit in 11.4 % of frames (the warn line is 10 %), the effort-weighted one in 8.2 %
     (measured); the unsupported wrench is no larger in any frame (the fit keeps the root's wrench first)."""
-    _, model, _ = cmu
+    _, _, model = cmu
     motion = _on_cmu(cmu, "fbx/07_01_cmu.fbx")
     mg = model.total_mass * T.GRAVITY
     before = T.prepare_reference(model, [motion], TrackingSettings(fit_effort=False))

@@ -8,13 +8,12 @@ held up to its end within 5 cm by ``validate``'s sampling fallback, with the rea
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file, free_root_model
 
 import kangengine as ke
 from kangengine.errors import ShapeError
@@ -28,12 +27,7 @@ SMALL = TrackingSettings(controller="sampling", sampling_samples=32, sampling_ke
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ke.sim.Model.from_desc(desc, layout)
-    return desc, layout, model
+    return cmu_humanoid()
 
 
 @pytest.fixture(scope="module")
@@ -183,14 +177,10 @@ def test_ballistic_shift_puts_a_slow_flight_on_the_gravity_arc():
 def g1_hop():
     from kangengine.data import G1_MJCF, data_path
 
-    desc = ke.asset.MJCFLoader.load(data_path(G1_MJCF))
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
+    _, model = free_root_model(ke.asset.MJCFLoader.load(data_path(G1_MJCF)))
     hops = ke.retarget.retarget_to_robot(
         ke.io.load_bvh(data_file("bvh/cmu/01_01_cgspeed_hops_long.bvh")), "cmu_bvh_to_g1"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ke.sim.Model.from_desc(desc, layout)
     return model, hops.motion[384:576]  # 3.2-4.8 s at 120 fps: crouch, take-off, 0.27 s of flight, landing
 
 

@@ -17,12 +17,9 @@ dynamics), not the tracker.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file, free_root_model
 
 import kangengine as ke
 from kangengine.sim import Verdict
@@ -30,13 +27,6 @@ from kangengine.sim import Verdict
 CLIP = "bvh/cmu/131_01_3dsmax_walk_mixedorder.bvh"
 CMU_CONFIG = "cmu_3dsmax_bvh_to_cmu_humanoid"
 SKATE_SPEED, SKATE_HEIGHT = 0.2, 0.03  # ValidationThresholds' skate_speed and skate_height (m/s, m)
-
-
-def _model(desc):
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ke.sim.Model.from_desc(desc, layout, dtype=torch.float32), layout
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +38,16 @@ def source():
 def g1():
     from kangengine.data import G1_MJCF, data_path
 
-    return _model(ke.asset.MJCFLoader.load(data_path(G1_MJCF)))
+    return free_root_model(ke.asset.MJCFLoader.load(data_path(G1_MJCF)))
 
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    return (desc, *_model(desc))
+    return cmu_humanoid()
 
 
 def _on_cmu(cmu, source, config=CMU_CONFIG):
-    desc, _, layout = cmu
+    desc, layout, _ = cmu
     res = ke.retarget.retarget_motion(source, config, desc)
     mapper = ke.animation.ArticulationMotionMapper(layout)
     return mapper.to_articulation_motion(res.motion, clamp_to_limits=True).motion, res
@@ -96,7 +85,7 @@ def test_131_01_walk_and_stop_are_ok_on_the_g1(g1, source, tmp_path):
     the PD tracker falls, 2.9 cm mean when measured (74,496 world-steps, 19.5 CPU-s); the whole clip, lost at
     5.18 s before the lookahead, is now ``ok`` too (3.07 cm, 444,864 world-steps, 90 CPU-s: not pinned, too
     slow; it was ``warn`` for ``foot_skating`` until turns on a foot counted as pivots)."""
-    model, _ = g1
+    _, model = g1
     motion = ke.retarget.retarget_to_robot(source, "cmu_bvh_to_g1").motion
     tail = motion[int(round(5.0 * motion.fps())) :]
     res = ke.pipelines.validate(model, {"131_01_tail": tail}, out_dir=tmp_path, plots=False)
@@ -119,7 +108,7 @@ def test_131_01_spin_stands_on_the_ground_on_the_cmu_humanoid(cmu, source):
     its end with ``validate``'s defaults (5.0 cm, ``warn`` for ``tracking_error``, and ``foot_skating`` before
     turns on a foot counted as pivots; 1,031,232 world-steps, 474 CPU-s); with the 1 s window every sample lost
     it at 2.6 s and the first seed fell at 4.6 s."""
-    desc, model, _ = cmu
+    desc, _, model = cmu
     cfg = ke.retarget.load_retarget_config(CMU_CONFIG)
     assert cfg.ground_window_s == pytest.approx(0.3)
     mg = model.total_mass * 9.81
@@ -144,13 +133,13 @@ def test_131_01_turns_on_a_foot_are_pivots_not_skating(g1, cmu, source):
     humanoid 12.3 % measured; 16 % each when the point under the lowest contact point alone was measured),
     while the source's own ankle and toe joints, points with no sole, scaled like the retarget scales them,
     count 15-19 % of their standing frames as sliding: the turns."""
-    g1_model, _ = g1
+    _, g1_model = g1
     robot = ke.retarget.retarget_to_robot(source, "cmu_bvh_to_g1")
     g1_skating = _reference_skating(_reference(g1_model, robot.motion))
     assert g1_skating < 0.15, g1_skating
     assert _source_skating(source, robot.metrics["scale"]) >= 0.15
 
     motion, res = _on_cmu(cmu, source)
-    cmu_skating = _reference_skating(_reference(cmu[1], motion))
+    cmu_skating = _reference_skating(_reference(cmu[2], motion))
     assert cmu_skating < 0.15, cmu_skating
     assert _source_skating(source, res.motion.metadata["retarget"]["scale"]) >= 0.15

@@ -14,12 +14,9 @@ rotation between two frames) and the rules' thresholds.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-import torch
-from conftest import data_file
+from conftest import cmu_humanoid, data_file, free_root_model
 
 import kangengine as ke
 from kangengine import rotations as R
@@ -44,24 +41,16 @@ def _source(clip):
     return ke.pipelines.load_motion(data_file(CLIPS[clip]))
 
 
-def _model(desc):
-    layout = ke.animation.ArticulationCoordinateLayout.from_data(data=desc, free_root=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ke.sim.Model.from_desc(desc, layout, dtype=torch.float32), layout
-
-
 @pytest.fixture(scope="module")
 def g1():
     from kangengine.data import G1_MJCF, data_path
 
-    return _model(ke.asset.MJCFLoader.load(data_path(G1_MJCF)))
+    return free_root_model(ke.asset.MJCFLoader.load(data_path(G1_MJCF)))
 
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
-    return desc, *_model(desc)
+    return cmu_humanoid()
 
 
 def _validate(model, name, motion, tmp_path):
@@ -76,7 +65,7 @@ def _on_g1(clip, seconds=None):
 
 
 def _on_cmu(cmu, clip):
-    desc, _, layout = cmu
+    desc, layout, _ = cmu
     cfg = CMU_CONFIG[clip]
     if cfg in ke.retarget.list_robot_configs():
         return ke.retarget.retarget_to_robot(_source(clip), cfg).motion
@@ -94,7 +83,7 @@ OK_ON_G1 = {"07_01": 0.034, "08_02": 0.040}
 
 @pytest.mark.parametrize("clip", sorted(OK_ON_G1))
 def test_first_seconds_of_the_walks_are_ok_on_the_g1(g1, clip, tmp_path):
-    model, _ = g1
+    _, model = g1
     rep = _validate(model, f"{clip}_g1", _on_g1(clip, 1.5), tmp_path)
     m = rep.metrics
     assert rep.verdict is Verdict.OK, [r.message for r in rep.reasons]
@@ -114,7 +103,7 @@ def test_first_seconds_of_08_02_on_the_cmu_humanoid_are_tracked_within_5_cm(cmu,
     ``rfootrx``/``lfootrx`` need over 3x their effort limit in 11 % of frames, the warn line is 10 %), so the
     verdict is ``warn``, not ``ok`` (docs/verdicts.md)."""
     motion = _on_cmu(cmu, "08_02")
-    rep = _validate(cmu[1], "08_02_cmu_15", motion[: int(round(1.5 * motion.fps()))], tmp_path)
+    rep = _validate(cmu[2], "08_02_cmu_15", motion[: int(round(1.5 * motion.fps()))], tmp_path)
     m = rep.metrics
     codes = [r.code for r in rep.reasons]
     assert rep.verdict in (Verdict.OK, Verdict.WARN), [r.message for r in rep.reasons]
@@ -136,8 +125,8 @@ def test_iclone_run_is_rejected_its_pelvis_never_leaves_one_height(g1, cmu, tmp_
     src = _source("002_03")
     hip = src.global_translation[:, src.tree.index("CC_Base_Hip"), 2]
     assert float(np.ptp(hip)) < 1e-5  # 0.01 mm: float32 rounding of one number
-    g1_model, _ = g1
-    for model, motion, name in ((g1_model, _on_g1("002_03"), "g1"), (cmu[1], _on_cmu(cmu, "002_03"), "cmu")):
+    _, g1_model = g1
+    for model, motion, name in ((g1_model, _on_g1("002_03"), "g1"), (cmu[2], _on_cmu(cmu, "002_03"), "cmu")):
         rep = _validate(model, f"002_03_{name}", motion, tmp_path / name)
         rejected = [r.code for r in rep.reasons if r.severity.value == "reject"]
         assert rep.verdict is Verdict.REJECT and rejected[:2] == ["impossible_dynamics", "foot_skating"], rejected
@@ -163,7 +152,7 @@ def test_08_02_fbx_on_the_cmu_humanoid_passes_the_reference_rules_once_its_toe_g
     assert [k["source_frame"] for k in fixed] == [276, 281]
     assert fixed[1]["speed_out_rad_s"] == pytest.approx(speed.max(), rel=1e-3)
     res = ke.pipelines.validate(
-        cmu[1], {"08_02_cmu": motion}, out_dir=tmp_path, plots=False, settings=TrackingSettings(sampling_fallback=False)
+        cmu[2], {"08_02_cmu": motion}, out_dir=tmp_path, plots=False, settings=TrackingSettings(sampling_fallback=False)
     )
     rep = res.reports[0]
     codes = {r.code for r in rep.reasons}
