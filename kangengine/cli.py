@@ -440,6 +440,16 @@ def _validate_label(e: dict) -> str:
     return f"{state} {e['clip']}: {e['verdict']}{reasons}"
 
 
+def _effort_limits(path: str | None) -> dict | None:
+    """``--effort-limits``: a JSON file of joint -> limit, or ``cmu-tracking`` for the shipped table."""
+    if path is None:
+        return None
+    from .data import CMU_HUMANOID_TRACKING_EFFORT, data_path
+    from .sim import read_effort_limits
+
+    return read_effort_limits(data_path(CMU_HUMANOID_TRACKING_EFFORT) if path == "cmu-tracking" else path)
+
+
 def _validate(args) -> int:
     from .pipelines import ValidationOptions, validate_clips
 
@@ -457,6 +467,7 @@ def _validate(args) -> int:
         clamp_to_limits=args.clamp,
         fps=args.fps,
         batch_size=args.batch_size,
+        effort_limit=_effort_limits(args.effort_limits),
     )
     progress = _progress(args, "validate", _validate_label, _validate_status)
     try:
@@ -709,6 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--settings", metavar="FILE", help="TOML/JSON: [tracking] and [thresholds], any field")
     val.add_argument("--dt", type=float, default=None, help="simulator step in seconds (default 1/60)")
     val.add_argument("--root-assist-hz", type=float, default=None, help="root assistance frequency (0: off)")
+    val.add_argument(
+        "--effort-limits",
+        metavar="FILE",
+        help="JSON of joint name -> effort limit (N m) replacing the model's; 'cmu-tracking': dm_control's "
+        "tracking walker's limits for the CMU humanoid (its suite motors are too weak for mocap)",
+    )
     val.add_argument("--drive-hz", type=float, default=None, help="joint drive natural frequency (default 2)")
     val.add_argument("--iterations", type=_positive_int, default=None, help="Newton iterations per step")
     val.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")

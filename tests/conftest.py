@@ -123,3 +123,11 @@ def cmu_humanoid(dtype=None, **model_kw):
 
     desc = ke.asset.MJCFLoader.load(data_file("mjcf/dm_control/humanoid_CMU.xml"))
     return (desc, *free_root_model(desc, dtype, **model_kw))
+
+
+def cmu_tracking_efforts() -> dict:
+    """dm_control's tracking walker's effort limits for the CMU humanoid (the shipped
+    ``kangengine.data.CMU_HUMANOID_TRACKING_EFFORT``): its suite motors are too weak for mocap walks."""
+    import kangengine as ke
+
+    return ke.sim.read_effort_limits(ke.data.data_path(ke.data.CMU_HUMANOID_TRACKING_EFFORT))

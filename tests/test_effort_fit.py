@@ -5,8 +5,9 @@ the joints' torques relative to their effort limits.
 Oracles outside the fit: scipy's SLSQP solving the same equality-constrained problem on real frames of CMU 08_02
 on dm_control's CMU humanoid (its generalised forces built here from the link Jacobians), and the analytic split of
 a body leaning forward on two feet with a weak and a strong ankle (the torque goes where it is cheap, in the ratio
-of the squared limits). The real walks: 07_01 whole drops under the ``effort_over_limit`` warn line, reference-side
-(no tracking), while the unsupported wrench of every frame stays what the minimum-norm fit leaves.
+of the squared limits). The real walks: 07_01 whole on the suite model's motors drops from 11.4 % to 8.2 % of frames
+needing over 3x a limit (the ``effort_over_limit`` rule's reject ratio), reference-side (no tracking), while the
+unsupported wrench of every frame stays what the minimum-norm fit leaves.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def walk_08_02(cmu):
 
 
 def _over_threshold(model, ref, ratio=3.0):
-    """The ``effort_over_limit`` rule's fraction: frames whose feed-forward exceeds ``ratio`` x a DOF's limit."""
+    """Frames whose feed-forward exceeds ``ratio`` x a DOF's limit (3: ``effort_over_limit``'s reject ratio)."""
     j0 = T._first_joint_dof(model)
     return float(((ref.feedforward[:, j0:].abs() / model.dof_effort_limit[j0:]).amax(-1) > ratio).double().mean())
 

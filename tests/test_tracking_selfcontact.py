@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import cmu_humanoid, data_file
+from conftest import cmu_humanoid, cmu_tracking_efforts, data_file
 from scipy.optimize import minimize
 
 import kangengine as ke
@@ -24,7 +24,9 @@ THROUGH = {"lhumerusrz": 1.5708, "lhumerusry": 0.7854, "lhumerusrx": -1.0472, "l
 
 @pytest.fixture(scope="module")
 def cmu():
-    desc, layout, model = cmu_humanoid(contact=ke.sim.ContactParams(self_collision=True))
+    desc, layout, model = cmu_humanoid(
+        contact=ke.sim.ContactParams(self_collision=True), effort_limit=cmu_tracking_efforts()
+    )
     bvh = ke.io.load_bvh(data_file("bvh/cmu/02_01_cgspeed_walk.bvh"))
     on_robot = ke.retarget.retarget_motion(bvh, "cmu_bvh_to_cmu_humanoid", desc).motion
     walk = ke.animation.ArticulationMotionMapper(layout).to_articulation_motion(on_robot, clamp_to_limits=True).motion

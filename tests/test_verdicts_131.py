@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import cmu_humanoid, data_file, free_root_model
+from conftest import cmu_humanoid, cmu_tracking_efforts, data_file, free_root_model
 
 import kangengine as ke
 from kangengine.sim import Verdict
@@ -43,7 +43,7 @@ def g1():
 
 @pytest.fixture(scope="module")
 def cmu():
-    return cmu_humanoid()
+    return cmu_humanoid(effort_limit=cmu_tracking_efforts())  # dm_control's tracking walker's (docs/verdicts.md)
 
 
 def _on_cmu(cmu, source, config=CMU_CONFIG):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_WALK_BVH", "CMU_WALK_FBX", "G1_MJCF"]
+__all__ = ["data_path", "CMU_HUMANOID_MJCF", "CMU_HUMANOID_TRACKING_EFFORT", "CMU_WALK_BVH", "CMU_WALK_FBX", "G1_MJCF"]
 
 _DATA = Path(__file__).resolve().parent
 
@@ -21,6 +21,10 @@ def data_path(name: str) -> Path:
 
 
 CMU_HUMANOID_MJCF = "humanoid_CMU.xml"
+#: effort limits (N m, JSON) of dm_control's CMU humanoid tracking walker (its 2020 position actuators' force
+#: ranges) for the joints of ``humanoid_CMU.xml``, whose own motors are too weak for mocap (``docs/verdicts.md``);
+#: read with :func:`kangengine.sim.read_effort_limits`. Apache-2.0, the dm_control Authors.
+CMU_HUMANOID_TRACKING_EFFORT = "cmu_humanoid_tracking_effort.json"
 CMU_WALK_BVH = "cmu_02_01_walk.bvh"
 CMU_WALK_FBX = "cmu_07_01_walk.fbx"
 #: the Unitree G1 29-DOF MJCF without meshes (primitive collision geoms), BSD-3-Clause (see ``unitree_g1/LICENSE``)

@@ -9,7 +9,8 @@ with the same functions the subcommands run, into one folder:
 2. validate (:func:`~kangengine.pipelines.validate_clips`) with the default settings (no root assistance: the
    PD tracker falls on the walk at 1.1 s, so ``validate`` tracks it again with the sampling search,
    ``docs/tracking.md``, which keeps it up to its end at about 5 cm: ``warn``, also for the converted clip's
-   joint-limit excess; measured: 5.0 cm, 339k search world-steps, 172 CPU-s) -> ``validation/no_assist/``; only
+   joint-limit excess and for the effort the suite model's 20 N m ankle motors cannot give, ``docs/verdicts.md``;
+   measured: 5.0 cm, 339k search world-steps, 172 CPU-s) -> ``validation/no_assist/``; only
    when that verdict is ``reject`` (a cropped clip, other settings), validated again with root assistance (a weak
    virtual spring on the root, ``root_assist_frequency_hz``) -> ``validation/root_assist_1hz/``. Both verdicts are
    printed and kept in :class:`DemoResult`; nothing is hidden: an assisted verdict says the clip is trackable

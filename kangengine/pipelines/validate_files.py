@@ -107,6 +107,9 @@ class ValidationOptions:
         plots: write ``<clip>.png``. clamp_to_limits: clamp retargeted motion files into the joint limits.
         fps: resample motion files before retargeting (``None``: their own rate).
         batch_size: clips simulated together (not part of the fingerprint).
+        effort_limit: ``{joint or DOF name: N m or N}`` replacing the model file's effort limits for those
+            DOFs (``None``: the file's), e.g. :func:`~kangengine.sim.read_effort_limits` of
+            ``kangengine.data.CMU_HUMANOID_TRACKING_EFFORT``.
     """
 
     config: str | None = None
@@ -118,6 +121,7 @@ class ValidationOptions:
     clamp_to_limits: bool = True
     fps: float | None = None
     batch_size: int = 64
+    effort_limit: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,8 @@ _MODEL_CACHE: dict = {}
 
 
 def _setup_model(model: str, model_sha: str, options: ValidationOptions):
-    key = (model_sha, options.order, options.free_root, options.dtype, options.device)
+    efforts = tuple(sorted((options.effort_limit or {}).items()))
+    key = (model_sha, options.order, options.free_root, options.dtype, options.device, efforts)
     if key not in _MODEL_CACHE:
         import warnings
 
@@ -174,6 +179,7 @@ def _setup_model(model: str, model_sha: str, options: ValidationOptions):
                 device=options.device,
                 dtype=getattr(torch, options.dtype),
                 contact=ContactParams(self_collision=True),
+                effort_limit=dict(efforts) if efforts else None,
             )
         _MODEL_CACHE[key] = (desc, layout, ArticulationMotionMapper(layout), sim_model)
     return _MODEL_CACHE[key]

@@ -19,7 +19,7 @@ from .dynamics import (
 from .ik import IKResult, solve_ik
 from .integrator import LinearSolver, Simulator, StepResult
 from .kinematics import LinkVelocities, link_jacobians, link_transforms, link_velocities
-from .model import ContactParams, JointFriction, Model, State
+from .model import ContactParams, JointFriction, Model, State, read_effort_limits
 from .pose import PoseTargets
 from .runtime import (
     add_delta_to_pose,
@@ -48,6 +48,7 @@ from .verdict import Reason, Severity, ValidationThresholds, Verdict, summarize,
 __all__ = [
     "Model",
     "State",
+    "read_effort_limits",
     "ContactParams",
     "JointFriction",
     "link_jacobians",

@@ -25,11 +25,11 @@ import torch
 from .. import rotations as R
 from ..animation.layout import ArticulationCoordinateLayout
 from ..asset.desc import ArticulationDesc, GeomType, JointType
-from ..errors import LayoutMismatch, ShapeError, TopologyError, UnknownNameError
+from ..errors import FormatError, LayoutMismatch, ShapeError, TopologyError, UnknownNameError
 from .constraints import Constraints, build_constraints, mimic_rows, with_compliant_mimics
 from .drives import DriveEnvelope
 
-__all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State"]
+__all__ = ["JointFriction", "ContactParams", "PerDof", "Model", "StepCache", "State", "read_effort_limits"]
 
 _INF = math.inf
 
@@ -764,6 +764,36 @@ class State:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+
+
+def read_effort_limits(path) -> dict[str, float]:
+    """Per-joint effort limits from a JSON file, for ``Model.from_desc(..., effort_limit=...)``.
+
+    The file holds a mapping from joint (or DOF) names to limits, N m for hinges and N for slides, either
+    as the whole document or under an ``"effort_limit"`` key (with any other keys, e.g. ``"source"``,
+    ignored). The shipped ``kangengine.data.CMU_HUMANOID_TRACKING_EFFORT`` is such a file: dm_control's
+    tracking walker's force ranges for the suite CMU humanoid. Names are checked against the model by
+    ``from_desc``.
+
+    Returns:
+        ``{name: limit}`` (floats, each finite or ``inf``, > 0).
+    Raises:
+        FileMissingError, FormatError: no such file, not JSON, not a mapping of names to positive numbers.
+    """
+    from .._files import read_json
+
+    doc = read_json(path, kind="effort-limit file")
+    table = doc.get("effort_limit", doc) if isinstance(doc, dict) else doc
+    if not isinstance(table, dict) or not table:
+        raise FormatError(
+            "expected a mapping of joint names to effort limits (N m or N)", path=path, item="effort_limit"
+        )
+    out = {}
+    for name, v in table.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (float(v) > 0):
+            raise FormatError(f"effort limit {v!r}; expected a number > 0 (N m or N)", path=path, item=str(name))
+        out[str(name)] = float(v)
+    return out
 
 
 def _body_levels(parents: Sequence[int], ti) -> tuple:
