@@ -1,8 +1,9 @@
 """Verdicts of the shared CMU clips beyond the 02_01 walk (docs/verdicts.md), pinned where they are cheap
 enough for CI: the first 1.5 s of the FBX walks that are ``ok`` on the G1 (the sampling search after the PD
-tracker falls, no root assistance, ``validate``'s defaults), 08_02's first 1.5 s on the CMU humanoid (feet
-planted, within 5 cm, ``warn`` only for its ankles' effort), 08_02 whole passing the reference-side rules once its
-toe glitch is corrected, and the clips whose references are rejected before any search, each with its reason.
+tracker falls, no root assistance, ``validate``'s defaults), 08_02's first 1.5 s on the CMU humanoid with
+dm_control's tracking walker's effort limits (feet planted, within 5 cm, ``ok``), 08_02 whole passing the
+reference-side rules once its toe glitch is corrected, and the clips whose references are rejected before any
+search, each with its reason.
 
 Clips (``../shared/data``): CMU 07_01 and 08_02 (walks, poselib FBX), 131_01 (the cgspeed 3dsMax-friendly BVH,
 "start, walk, stop"), 002_03 (a jog on the iClone Character Creator rig), converted with the shipped
