@@ -670,7 +670,8 @@ def fused_ir(
     branch-decision sum, the unwrapping turns, min and max of each hinge, the count of frames more than ``1e-6``
     beyond its limits and a non-finite flag (the state, float64, carried across calls). The frame range is walked
     once per chunk of bodies and once for the root (8 frames per vector), so each loop's running values stay in
-    vector registers.
+    vector registers; the chunk loops prefetch the rows of ``L``, ``q`` and ``qd``
+    :data:`_PREFETCH_FRAMES` frames ahead.
 
     Work the common frame does not need is branched around, per chunk and frame (each branch taken or not for
     all lanes; the results are those of the full computation): branch 1 is formed only when a lane takes it; the
