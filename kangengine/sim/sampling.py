@@ -355,8 +355,9 @@ class _Search:
         q_ref = self.ref.q[row]
         moved = self.model.layout.integrate(q_ref.expand(offset.shape[0], -1), offset * self.pose_mask)
         pos, _ = link_transforms(self.model, moved)
-        if row not in self._ref_pos:
-            self._ref_pos = {row: link_transforms(self.model, q_ref[None])[0]}
+        if row not in self._ref_pos:  # the pose moved by no offset: integrate's renormalising round-off cancels
+            still = self.model.layout.integrate(q_ref[None], torch.zeros_like(offset[:1]))
+            self._ref_pos = {row: link_transforms(self.model, still)[0]}
         return torch.linalg.vector_norm(pos - self._ref_pos[row], dim=-1).mean(-1)
 
     def segment(
