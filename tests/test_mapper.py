@@ -1095,6 +1095,72 @@ def test_fused_pass_root_eight_frames_per_vector_matches_numpy_at_every_length(d
 
 
 @needs_native
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 1027, 1028, 2049])
+def test_fused_pass_two_frames_per_vector_match_numpy_at_every_length(n):
+    """Float32: the last chunk of bodies (7 here: the left wrist to the right hand) goes two frames per 16-lane
+    vector from frame 2 on, what one frame passes to the next taken across the halves. At lengths that leave an
+    odd or even frame after each 1024-frame call, no frame near gimbal lock (the kernel's own angles throughout),
+    in that chunk: crossings every third frame (both parities), outer angles turning every few frames, the
+    right elbow beyond pi/2 (the clip wants its other track: placed again), a hinge swinging past its limits;
+    q, qd and the limit summary against the numpy path, the body rotations against the generating ones."""
+    layout, mapper = _smpl_fused(np.float32)
+    assert len(mapper._groups[0].bodies) % 16 == 7
+    fps = 30.0
+    t = np.arange(n) / fps
+    rng = np.random.default_rng(n)
+    q = np.tile(layout.neutral(), (n, 1))
+    q[:, 0:3] = np.stack([np.sin(t), 0.8 * t, 0.9 + 0.05 * np.cos(3 * t)], axis=-1)
+    q[:, 3:7] = R.quat_from_rotvec(np.outer(t, [0.1, -0.2, 1.1]))
+    for b in range(1, layout.num_bodies):
+        blocks = _hinge_blocks(layout, b)
+        for i, blk in enumerate(blocks):
+            amp = 1.2 if i == 1 else 2.5
+            q[:, blk.q_offset] = amp * np.sin(rng.uniform(0.3, 1.0) * t + rng.uniform(0, 6))
+    elbow = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("R_Elbow"))]
+    q[:, elbow[1]] = 1.9 + 0.1 * np.sin(t)  # branch 1 all along: the clip's cheaper track starts there
+    q[:, elbow[0]] = 0.5 * np.sin(2 * t)
+    q[:, elbow[2]] = 0.4 * np.cos(3 * t)
+    f = np.arange(n)
+    hand = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("L_Hand"))]
+    q[:, hand[1]] = np.where(f % 6 < 3, 1.3, 1.85) + 0.01 * np.sin(t)  # across pi/2 every third frame
+    wrist = [x.q_offset for x in _hinge_blocks(layout, layout.body_index("R_Wrist"))]
+    q[:, wrist[0]] = 0.9 * f  # a turn every seventh frame or so
+    q[:, wrist[2]] = -0.7 * f
+    q[:, wrist[1]] = 1.3 * np.sin(0.9 * t)
+    motion = _motion_of(mapper, q, fps, np.float32)
+    passes = []
+    run = mapper._fused_pass
+    mapper._fused_pass = lambda *a: passes.append(len(run(*a))) or set()
+    try:
+        out = mapper.to_articulation_motion(motion)
+    finally:
+        del mapper._fused_pass
+    assert passes == [0, 0]  # placed again with the elbow's other track; no block left to numpy
+    mapper.use_native = False
+    ref = mapper.to_articulation_motion(motion)
+    mapper.use_native = True
+    got = out.motion.q.astype(np.float64)
+    # angles up to 1800 rad: numpy rounds each float32 step of its unwrapping, the kernel rounds once; both
+    # against the float64 mapping
+    m64 = mapper.to_articulation_motion(_motion_of(mapper, q, fps, np.float64)).motion
+    assert np.abs(got - m64.q).max() <= np.abs(ref.motion.q - m64.q).max() + 1e-6
+    assert np.abs(got - ref.motion.q).max() < 2e-4
+    assert np.abs(out.motion.qd - m64.qd).max() <= np.abs(ref.motion.qd - m64.qd).max() + 1e-4
+    ulp_rate = 4 * np.finfo(np.float32).eps * np.abs(out.motion.q).max() * fps
+    np.testing.assert_allclose(out.motion.qd, mapper.velocities(out.motion.q, fps), atol=ulp_rate)
+    assert np.abs(got[:, elbow] - q[:, elbow]).max() < 2e-6  # the elbow's generating branch: its other track
+    _, r0 = forward_kinematics(layout, q)
+    _, r1 = forward_kinematics(layout, got)
+    assert R.quat_angle_between(r0, r1).max() < 3e-4  # the generating rotations (q in float32, up to 40 rad)
+    ma, mb = out.motion.metadata["mapper"], ref.motion.metadata["mapper"]
+    assert ma["limit_violation_dofs"].keys() == mb["limit_violation_dofs"].keys()
+    for dof, v in ma["limit_violation_dofs"].items():
+        assert v == pytest.approx(mb["limit_violation_dofs"][dof], rel=1e-6, abs=1e-6), dof
+    want = _brute_force_limits(layout, got)
+    assert set(ma["limit_violation_dofs"]) == set(sorted(want, key=lambda k: -want[k][0])[:10])
+
+
+@needs_native
 @pytest.mark.filterwarnings("ignore:Gimbal lock detected")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_pass_takes_the_cheaper_track_redoes_gimbal_blocks_and_counts_limits(dtype):

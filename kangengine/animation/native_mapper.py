@@ -732,6 +732,7 @@ class _FusedEmitter:
         self.nch = len(self.chunks)
         self.nvec = _NONFINITE_SLOT + 1
         self.root_off = self.nvec * self.nch * self.SW
+        self.pair = False  # two frames per vector (use_width)
 
     # -- small helpers ---------------------------------------------------------------------------------
     def slot(self, r, c):
@@ -753,7 +754,7 @@ class _FusedEmitter:
     def lane_values(self, ch, table, *index, offset=0.0, single=False, rounding=0):
         """The floats of :meth:`lane_consts`."""
         out = []
-        for j in (ch[min(x, len(ch) - 1)] for x in range(self.W)):
+        for j in self.lane_bodies(ch):
             v = table[j]
             for i in index:
                 v = v[i]
@@ -828,8 +829,10 @@ class _FusedEmitter:
             init = [self.from_state(r, B.vload(pst, self.slot(r, c), self.W, D)) for r in range(self.nvec)]
             marks = self.padded_load(pflip, ch[0], len(ch), I8)
             flip = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * self.W))
-            body = functools.partial(self.chunk, ch, flip=flip)
-            fin, bad = self.loop(f"c{c}", init, bad, body, prefetch=True)
+            if self.paired(ch):
+                fin, bad = self.paired_loops(c, ch, init, bad, flip)
+            else:
+                fin, bad = self.loop(f"c{c}", init, bad, functools.partial(self.chunk, ch, flip=flip), prefetch=True)
             finals.append(fin)
         init = [b.load(b.gep(pst, [B.i64(self.root_off + i)])) for i in range(_ROOT_SLOTS)]
         # the root: frames before 2 and the last (e - h) % 8 one at a time, the rest 8 frames per vector
@@ -852,15 +855,135 @@ class _FusedEmitter:
         b.position_at_end(out)
         b.ret(bad)
 
+    def paired(self, ch) -> bool:
+        """Whether the chunk's frames go two per vector (:meth:`paired_loops`): a chunk of at most 8 bodies in
+        float32 arithmetic, mode 0."""
+        return self.mode == 0 and self.SW == 2 * _W and len(ch) <= _W
+
+    def lane_bodies(self, ch) -> list:
+        """The body of each lane (the last body repeated into unused lanes; two frames per vector: twice)."""
+        n = _W if self.pair else self.W
+        return [ch[min(x % n, len(ch) - 1)] for x in range(self.W)]
+
+    def paired_loops(self, c, ch, init, bad, flip):
+        """A chunk of at most 8 bodies (8 lanes, ``init`` its carried values) with frames ``f, f + 1`` in the low
+        and high 8 lanes of one 16-lane vector from frame 2 on: one frame's chain of
+        dependent arithmetic is what an 8-lane loop waits on, so two frames per iteration take the time of one.
+        Frames before 2 and an odd last frame go one per 8-lane vector (:meth:`chunk` both: with two frames per
+        vector, what one frame passes to the next is taken across the halves: :meth:`before`, :meth:`later`,
+        :meth:`carry_up`)."""
+        b, B = self.b, self.B
+        single = functools.partial(self.chunk, ch, flip=flip)
+        h = self.imin(self.e, self.imax(self.s, B.i64(2)))
+        p_end = b.add(h, b.mul(b.sdiv(b.sub(self.e, h), B.i64(2)), B.i64(2)))
+        cur, bad = self.loop(f"c{c}_head", init, bad, single, start=self.s, end=h, prefetch=True)
+        cur = self.pair_in(cur)
+        self.use_width(2 * _W, pair=True)
+        flip2 = b.shuffle_vector(flip, flip, B.mask(list(range(_W)) * 2))
+        body = functools.partial(self.chunk, ch, flip=flip2)
+        cur, bad = self.loop(f"c{c}_pairs", cur, bad, body, start=h, end=p_end, prefetch=True, step=2)
+        cur = self.pair_out(cur)
+        self.use_width(_W)
+        return self.loop(f"c{c}_tail", cur, bad, single, start=p_end, end=self.e, prefetch=True)
+
+    def _slot_kind(self, r) -> str:
+        """How a carried value combines over the two frames of a pair: ``last`` (the value of the later frame:
+        branch 0, parity, placed angle, turns), ``sum`` (track sums, limit counts), ``min``/``max``."""
+        if r == _BODY_SLOTS.index("diff") or r in self._count_slots:
+            return "sum"
+        if r == _NONFINITE_SLOT:
+            return "max"
+        if r >= len(_BODY_SLOTS):
+            name = _HINGE_SLOTS[(r - len(_BODY_SLOTS)) // 3]
+            if name in ("min", "max"):
+                return name
+        return "last"
+
+    def pair_in(self, cur):
+        """8-lane carried values -> 16 lanes: the frame before in both halves; sums 0 in the high half."""
+        b, B = self.b, self.B
+        out = []
+        for r, v in enumerate(cur):
+            other = _zero_vector(v.type) if self._slot_kind(r) == "sum" else v
+            out.append(b.shuffle_vector(v, other, B.mask(range(2 * _W))))
+        return out
+
+    def pair_out(self, cur):
+        """16-lane carried values -> 8 lanes: the later frame's, the halves' sum, min or max."""
+        b = self.b
+        lo, hi = (_Builder(self.ir, self.mod, b, self.T, _W).mask(range(i, i + _W)) for i in (0, _W))
+        out = []
+        for r, v in enumerate(cur):
+            kind = self._slot_kind(r)
+            x, y = b.shuffle_vector(v, v, lo), b.shuffle_vector(v, v, hi)
+            if kind == "last":
+                out.append(y)
+            elif kind == "sum":
+                out.append(b.add(x, y) if isinstance(v.type.element, self.ir.IntType) else b.fadd(x, y))
+            else:
+                cmp = "<" if kind == "min" else ">"
+                out.append(b.select(b.fcmp_ordered(cmp, x, y), x, y))
+        return out
+
+    def before(self, carried, x):
+        """Per lane, the value of the frame before: the carried later frame for the low half, ``x``'s low half
+        (frame ``f``) for the high half."""
+        return self.b.shuffle_vector(carried, x, self.B.mask(list(range(_W, 2 * _W)) + list(range(2 * _W, 3 * _W))))
+
+    def later(self, x):
+        """The later frame's half of ``x`` in both halves."""
+        return self.b.shuffle_vector(x, x, self.B.mask(list(range(_W, 2 * _W)) * 2))
+
+    def carry_up(self, x):
+        """``x``'s low half moved to the high half, zeros below (what frame ``f`` adds to frame ``f + 1``)."""
+        return self.b.shuffle_vector(
+            _zero_vector(x.type), x, self.B.mask(list(range(_W)) + list(range(2 * _W, 3 * _W)))
+        )
+
+    def pair_quats(self, ch):
+        """The chunk's quaternion components of frames ``f`` (low lanes) and ``f + 1`` (high lanes)."""
+        b, B, spec = self.b, self.B, self.spec
+        bodies = [int(spec["bodies"][j]) for j in ch]
+        m, row = len(bodies), spec["num_bodies"] * 4
+        pad = [min(x, m - 1) for x in range(_W)]
+        if all(x == bodies[0] + i for i, x in enumerate(bodies)):
+            ra = B.vload(self.lrow, bodies[0] * 4, 4 * m, self.T)
+            rb = B.vload(self.lrow, row + bodies[0] * 4, 4 * m, self.T)
+            picks = [[4 * x + c for x in pad] + [4 * m + 4 * x + c for x in pad] for c in range(4)]
+            return [B.widen(b.shuffle_vector(ra, rb, B.mask(p))) for p in picks]
+        return [
+            B.gather(self.lrow, [bodies[x] * 4 + c for x in pad] + [row + bodies[x] * 4 + c for x in pad], self.T)
+            for c in range(4)
+        ]
+
+    def store_rows(self, row, stride, cols, vecs):
+        """:meth:`_Builder.store_angles` of ``vecs`` into ``row``; two frames per vector: the low half there, the
+        high half into the next row (``stride`` elements on)."""
+        if not self.pair:
+            return self.B.store_angles(row, cols, vecs)
+        b, B8 = self.b, self.B8
+        for half, at in ((range(_W), row), (range(_W, 2 * _W), b.gep(row, [B8.i64(stride)]))):
+            B8.store_angles(at, cols, [b.shuffle_vector(v, v, B8.mask(half)) for v in vecs])
+
+    def load_rows(self, row, stride, cols):
+        """What :meth:`store_rows` writes, read back."""
+        if not self.pair:
+            return self.B.load_angles(row, cols)
+        b, B8 = self.b, self.B8
+        lo, hi = B8.load_angles(row, cols), B8.load_angles(b.gep(row, [B8.i64(stride)]), cols)
+        return [b.shuffle_vector(x, y, self.B.mask(range(2 * _W))) for x, y in zip(lo, hi)]
+
     def chunk_width(self, ch) -> int:
         """Lanes of a chunk's vectors: a last chunk of at most 8 bodies (float32) goes 8 wide."""
         return 8 if len(ch) <= 8 else self.SW
 
-    def use_width(self, w: int):
-        """Emit the following per-body code ``w`` lanes wide (the builders, vector types and splats)."""
+    def use_width(self, w: int, pair: bool = False):
+        """Emit the following per-body code ``w`` lanes wide (the builders, vector types and splats); ``pair``:
+        two frames of at most 8 bodies per vector (:meth:`paired_loops`)."""
         ir, b, T = self.ir, self.b, self.T
         f32 = isinstance(T, ir.FloatType)
-        self.W = w
+        self.W, self.pair = w, pair
+        self.B8 = _Builder(ir, self.mod, b, T, _W, single=f32)  # one frame's half of a paired vector
         B = self.B = _Builder(ir, self.mod, b, T, w, single=f32)  # float32 input: float32 arithmetic
         self.Dv = _Builder(ir, self.mod, b, T, w)  # float64 vectors: track sums, placed values before rounding
         self.copysign = B.copysign
@@ -877,15 +1000,18 @@ class _FusedEmitter:
     def imax(self, x, y):
         return self.b.select(self.b.icmp_signed(">", x, y), x, y)
 
-    def loop(self, name, init, bad_in, body, start=None, end=None, prefetch=False):
+    def loop(self, name, init, bad_in, body, start=None, end=None, prefetch=False, step=1):
         """A loop over frames ``s .. e - 1`` carrying ``init`` (and the bad flags); ``body(cur)`` returns the next
         values, the bad flags of this frame (i64) and a callback storing the rates of the frame before (run from
         frame 2 on). Returns the final values and flags (the loop runs at least once; with ``start``/``end``
         over frames ``start .. end - 1``, possibly none). ``prefetch``: each frame first asks for the rows of
-        ``L``, ``q`` and ``qd`` :data:`_PREFETCH_FRAMES` ahead (:meth:`prefetch_rows`)."""
+        ``L``, ``q`` and ``qd`` :data:`_PREFETCH_FRAMES` ahead (:meth:`prefetch_rows`). ``step``: frames per
+        iteration (``end - start`` a multiple of it; the body handles frames ``f .. f + step - 1``)."""
         if start is None:
-            return self._loop(name, init, bad_in, body, self.s, self.e, prefetch)
-        return self.guarded(name, init, bad_in, start, end, lambda: self._loop(name, init, bad_in, body, start, end))
+            return self._loop(name, init, bad_in, body, self.s, self.e, prefetch, step)
+        return self.guarded(
+            name, init, bad_in, start, end, lambda: self._loop(name, init, bad_in, body, start, end, prefetch, step)
+        )
 
     def guarded(self, name, init, bad_in, start, end, emit):
         """``emit()`` (a loop from ``start``) when ``start < end``, else ``init`` and ``bad_in`` unchanged."""
@@ -906,10 +1032,11 @@ class _FusedEmitter:
             out.append(p)
         return out[:-1], out[-1]
 
-    def prefetch_rows(self, f):
-        """Prefetch hints for frame ``f + _PREFETCH_FRAMES``: its row of ``L`` for reading, its rows of ``q`` and
-        ``qd`` for writing, one per 64-byte line from the row's start (the rows are contiguous, so the lines of
-        consecutive frames cover the arrays; a hint past an array's end is dropped by the CPU, never faults)."""
+    def prefetch_rows(self, f, rows=1):
+        """Prefetch hints for frames ``f + _PREFETCH_FRAMES`` onwards (``rows`` of them): their rows of ``L`` for
+        reading, of ``q`` and ``qd`` for writing, one per 64-byte line from the first row's start (the rows are
+        contiguous, so the lines of consecutive frames cover the arrays; a hint past an array's end is dropped by
+        the CPU, never faults)."""
         ir, b, B, spec = self.ir, self.b, self.B, self.spec
         i8p, i32 = self.I8.as_pointer(), ir.IntType(32)
         name = "llvm.prefetch.p0" if _opaque_pointers() else "llvm.prefetch.p0i8"
@@ -924,7 +1051,7 @@ class _FusedEmitter:
             (self.pqd, spec["nv"], 1),
         ):
             row = b.bitcast(b.gep(base, [b.mul(ahead, B.i64(width))]), i8p)
-            for line in range(-(-width * size // 64)):
+            for line in range(-(-rows * width * size // 64)):
                 args = [
                     b.gep(row, [B.i64(64 * line)]),
                     ir.Constant(i32, write),
@@ -933,7 +1060,7 @@ class _FusedEmitter:
                 ]
                 b.call(fn, args)
 
-    def _loop(self, name, init, bad_in, body, start, end, prefetch=False):
+    def _loop(self, name, init, bad_in, body, start, end, prefetch=False, step=1):
         b, B = self.b, self.B
         pre = b.block
         head = self.fn.append_basic_block(f"{name}_loop")
@@ -954,11 +1081,11 @@ class _FusedEmitter:
         self.qdrow = b.gep(self.pqd, [b.mul(b.add(fm2, B.i64(1)), B.i64(self.spec["nv"]))])
         self.lrow = b.gep(self.pL, [b.mul(f, B.i64(self.spec["num_bodies"] * 4))])
         if prefetch:
-            self.prefetch_rows(f)
+            self.prefetch_rows(f, step)
         nxt, flags, store_rates = body(cur)
         with b.if_then(self.write_qd):
             store_rates()
-        f1 = b.add(f, B.i64(1))
+        f1 = b.add(f, B.i64(step))
         new_bad = b.or_(bad, flags)
         tail = b.block
         f.add_incoming(f1, tail)
@@ -976,19 +1103,28 @@ class _FusedEmitter:
         m, phi = len(ch), spec["phi"]
         if self.mode == 0:
             E = B  # float32 input: the angles in float32 arithmetic (8 lanes are half the work of doubles)
-            quats = E.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
+            quats = self.pair_quats(ch) if self.pair else E.load_quats(self.lrow, [spec["bodies"][j] for j in ch])
             raw, middle, norm2 = E.euler(quats, spec["order"], spec["signs"])
             lock = b.or_(
                 b.fcmp_unordered("<", middle, E.splat(_LOCK_MARGIN)),
                 b.fcmp_unordered(">", middle, E.splat(math.pi - _LOCK_MARGIN)),
             )
             flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, E.splat(0.0))))
+            prev = cur[:3]
+            if self.pair:  # frame f + 1 pairs with frame f (alpha as branch_tests / pairing form it)
+                alpha = (
+                    b.fsub(sp(0.5 * math.pi), raw[1])
+                    if self.tait_bryan
+                    else B.call(B.fabs, B.wrap(b.fsub(raw[1], sp(phi))))
+                )
+                prev = [self.before(cur[0], raw[0]), self.before(cur[1], alpha), self.before(cur[2], raw[2])]
             if self.tait_bryan:
-                dc, cr, alpha = self.branch_tests(raw, cur)
+                dc, cr, alpha = self.branch_tests(raw, prev)
             else:
                 dc = B.widen(B.narrow(B.cost_difference(*raw, phi, float(spec["weight"]))))  # as numpy stores it
-                cr, alpha = B.pairing(*raw, (cur[0], cur[1], cur[2]), phi)
-            cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * self.W), cr)
+                cr, alpha = B.pairing(*raw, prev, phi)
+            if not self.pair:  # (two frames per vector start at frame 2)
+                cr = b.select(self.fresh, ir.Constant(self.I1V, [0] * self.W), cr)
         else:
             krow = b.mul(self.frame, B.i64(len(spec["bodies"])))
             raw = B.load_angles(self.qrow, [spec["qcols"][j] for j in ch])
@@ -1043,7 +1179,9 @@ class _FusedEmitter:
         """Frame ``f`` of one chunk of bodies (up to 16 lanes)."""
         b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
         raw, dc, cr, alpha, flags = self.branch0(ch, cur)
-        par = b.select(cr, b.fsub(sp(1.0), cur[3]), cur[3])
+        last = self.later(cur[3]) if self.pair else cur[3]
+        flips = b.xor(cr, self.carry_up(cr)) if self.pair else cr  # frame f's crossing flips frame f + 1's too
+        par = b.select(flips, b.fsub(sp(1.0), last), last)
         on_track1 = b.fcmp_ordered("==", par, sp(1.0))
         dcd = b.fpext(dc, self.Dv.V) if B.single else dc  # the sum in float64 (1M frames)
         # sum of dc on track 0 less the sum on track 1: negative when the track that starts on branch 1 is cheaper
@@ -1053,6 +1191,9 @@ class _FusedEmitter:
         nxt[:5] = [raw[0], alpha, raw[2], par, diff]
         g = [{name: cur[self.hslot(name, h)] for name in _HINGE_SLOTS} for h in range(3)]
         t = self.chosen(ch, raw, other)
+        if self.pair:
+            for h in range(3):
+                g[h]["prev"], g[h]["turns"] = self.before(g[h]["prev"], t[h]), self.later(g[h]["turns"])
         placed = self.place_all(ch, t, g)
         for h in range(3):
             turns, qv, count = placed[h]
@@ -1069,12 +1210,12 @@ class _FusedEmitter:
         nxt[_NONFINITE_SLOT] = nonfinite
         cols = [spec["qcols"][j] for j in ch]
         vcols = [spec["vcols"][j] for j in ch]
-        B.store_angles(self.qrow, cols, placed)
+        self.store_rows(self.qrow, spec["nq"], cols, placed)
 
         def store_rates():  # (q[t] - q[t-2]) / (2 dt) into row t - 1
-            back = B.load_angles(self.qrow2, cols)
+            back = self.load_rows(self.qrow2, spec["nq"], cols)
             rates = [b.fmul(b.fsub(x, y), self.inv2dt_v) for x, y in zip(placed, back)]
-            B.store_angles(self.qdrow, vcols, rates)
+            self.store_rows(self.qdrow, spec["nv"], vcols, rates)
 
         return nxt, flags, store_rates
 
@@ -1127,7 +1268,8 @@ class _FusedEmitter:
         once), and the count of frames beyond the limits by more than ``1e-6``. With float32 arithmetic, when no
         lane has turned so far and no lane steps by 3 rad or more (no turn now: ``rint(step / 2 pi) = 0``), the
         value is ``t + ref`` in float32 (``ref`` a float32: the same value) and, where ``[-pi, pi] + ref`` lies
-        within the limits, the count is unchanged."""
+        within the limits, the count is unchanged. Two frames per vector: frame ``f``'s turn adds to frame
+        ``f + 1``'s turns (:meth:`carry_up`)."""
         b, B, sp, spec = self.b, self.B, self.B.splat, self.spec
         two_pi = 2.0 * math.pi
         Dv = self.Dv
@@ -1143,7 +1285,7 @@ class _FusedEmitter:
             for h in range(3):
                 # t is in [-pi, pi] and prev starts at 0: the first frame's jump is rint(<= 1/2) = 0 without a test
                 jump = B.call(B.rint, b.fmul(b.fsub(t[h], g[h]["prev"]), sp(1.0 / two_pi)))
-                turns = b.fadd(g[h]["turns"], jump)
+                turns = b.fadd(g[h]["turns"], b.fadd(jump, self.carry_up(jump)) if self.pair else jump)
                 ref = self.lane_consts(ch, spec["refs"], h, builder=Dv)
                 if B.single:  # t + ref - 2 pi turns in float64, rounded once (as the float64 mapping rounds it)
                     off = b.fsub(ref, b.fmul(b.fpext(turns, Dv.V), Dv.splat(two_pi)))
@@ -1161,7 +1303,7 @@ class _FusedEmitter:
         lo = [self.lane_values(ch, spec["limits"], h, 0, offset=-_OVER_TOL, single=True, rounding=1) for h in range(3)]
         hi = [self.lane_values(ch, spec["limits"], h, 1, offset=_OVER_TOL, single=True, rounding=-1) for h in range(3)]
         top = np.float32(math.pi)
-        lanes = [ch[min(x, len(ch) - 1)] for x in range(self.W)]
+        lanes = self.lane_bodies(ch)
         r32 = np.asarray(spec["refs"], dtype=np.float64)[lanes].astype(np.float32).T  # [3, W]
         inside = [
             bool(np.all(np.float32(lo[h]) <= -top + r32[h]) and np.all(np.float32(hi[h]) >= top + r32[h]))
@@ -1231,6 +1373,14 @@ def _opaque_pointers() -> bool:
     from llvmlite import binding
 
     return binding.llvm_version_info[0] >= 17
+
+
+def _zero_vector(ty):
+    """The constant zero of vector type ``ty`` (integer or floating elements)."""
+    from llvmlite import ir
+
+    zero = 0 if isinstance(ty.element, ir.IntType) else 0.0
+    return ir.Constant(ty, [zero] * ty.count)
 
 
 def _lanes_of_rows(b, B, base, stride, col, first, count, ty):
