@@ -1350,6 +1350,19 @@ def test_fused_kernel_is_kept_on_disk_and_refuses_wrong_arrays(tmp_path, monkeyp
         kern.bind(L, rt, q[:, :-1], qd, np.zeros(23, dtype=bool), state, 60.0)
     with pytest.raises(ShapeError, match="FusedKernel"):
         kern.bind(L, rt, q, qd, np.zeros(23, dtype=bool), state, 60.0)(0, 601, 0)
+    # the runner keeps what it was bound to alive (the machine code writes the state through its address)
+    import gc
+    import weakref
+
+    temp = kern.new_state()
+    alive = weakref.ref(temp)
+    run = kern.bind(L, rt, q, qd, np.zeros(23, dtype=bool), temp, 60.0)
+    del temp
+    gc.collect()
+    assert alive() is not None and run(0, 300, 0) == 0 and np.isfinite(alive()).any()
+    del run
+    gc.collect()
+    assert alive() is None
 
 
 @needs_native

@@ -1606,8 +1606,9 @@ class FusedKernel:
         N``): ``L [N, num_bodies, 4]``, ``root [N, 3]`` (rows of contiguous values) into ``q [N, nq]`` and ``qd [N,
         nv]`` (C-contiguous; all the kernel's dtype), ``flip [k] bool``, ``state`` (:meth:`new_state`, in/out);
         mode 1 reads the branch-0 angles from q and ``dc [N, k]`` (dtype), ``cr [N, k] bool`` (C-contiguous).
-        ``run`` returns the count of pairs near gimbal lock or zero (mode 0; the state is then untouched). The
-        arrays must stay alive and unmoved while ``run`` is used."""
+        ``run`` returns the count of pairs near gimbal lock or zero (mode 0; the state is then untouched). ``run``
+        holds references to the arrays (the machine code has only their addresses), so arrays passed as
+        temporaries stay alive while it does; they must not be resized."""
         N = L.shape[0]
         ok = L.flags.c_contiguous and L.dtype == self.dtype and L.shape[1:] == (self.num_bodies, 4)
         ok = ok and q.flags.c_contiguous and q.dtype == self.dtype and q.shape == (N, self.nq)
@@ -1628,12 +1629,13 @@ class FusedKernel:
                 f"[N, {self.k}]",
                 item="FusedKernel",
             )
-        addr = [0 if x is None else x.__array_interface__["data"][0] for x in (L, root, q, qd, dc, cr, flip, state)]
+        arrays = (L, root, q, qd, dc, cr, flip, state)
+        addr = [0 if x is None else x.__array_interface__["data"][0] for x in arrays]
         rts = root.strides[0] // root.itemsize
         inv2dt = 1.0 / (2.0 * (1.0 / float(fps)))  # as velocities: 1 / (2 dt)
         fns = self._fns
 
-        def run(s: int, e: int, mode: int) -> int:
+        def run(s: int, e: int, mode: int, _alive=arrays) -> int:
             if not (0 <= s < e <= N and mode in (0, 1) and (mode == 0 or has_rows)):
                 raise ShapeError(f"frames {s}..{e}, mode {mode}; expected 0 <= s < e <= {N}", item="FusedKernel")
             return int(fns[mode](addr[0], addr[1], rts, *addr[2:], s, e, inv2dt))
