@@ -25,7 +25,7 @@ from kangengine._files import load_npz, npz_bytes, write_npz
 from kangengine.cli import main
 from kangengine.data import data_path
 from kangengine.pipelines import ConvertOptions, convert_clips
-from kangengine.pipelines.batch import ManifestAppender, read_manifests
+from kangengine.pipelines.batch import ManifestAppender, read_manifests, run_tasks
 from kangengine.pipelines.convert import SUMMARY_NAME, summary_quality, write_convert_summary
 
 MODEL = data_path("humanoid_CMU.xml")
@@ -181,6 +181,25 @@ def test_an_output_torn_after_its_manifest_line_is_converted_again(tmp_path):
 
 
 # -- signals --------------------------------------------------------------------------------------------------
+
+
+def test_an_interrupted_process_pool_leaves_no_manager_thread_behind():
+    """A batch on worker processes ended by an exception while recording a result (as Ctrl-C and SIGTERM end
+    it): the workers still busy are terminated and the pool's manager thread is joined before the exception
+    leaves ``run_tasks``. Left running, that thread closes its wakeup pipe while the interpreter's exit hook
+    writes to it (CPython 3.11: "OSError: Bad file descriptor" printed at the exit of a signalled run)."""
+    import concurrent.futures.process as cfp
+    import threading
+    import time
+
+    def stop(_):
+        raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(time.sleep, [(0.0,)] + [(60.0,)] * 3, workers=2, on_result=stop)
+    assert time.monotonic() - started < 50  # the sleeping workers were not waited for
+    assert not [t for t in threading.enumerate() if isinstance(t, cfp._ExecutorManagerThread)]
 
 
 @pytest.mark.parametrize(

@@ -508,9 +508,15 @@ def _run_pool(fn, tasks, workers, threads, initializer, initargs, on_result) -> 
             for f in done:
                 on_result(f.result())
     except BaseException:
+        manager = getattr(pool, "_executor_manager_thread", None)
         for p in list(getattr(pool, "_processes", {}).values()):  # do not wait for clips in progress
             p.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
+        # Join the pool's manager thread (quick: its workers are gone). Left running, it closes its wakeup pipe
+        # while the interpreter's exit hook writes to it: CPython 3.11 prints "OSError: Bad file descriptor"
+        # from concurrent.futures at exit after a signalled run.
+        if manager is not None:
+            manager.join(timeout=30)
         raise
     pool.shutdown(wait=True)
 
