@@ -156,9 +156,10 @@ def test_float32_models_agree_within_float32_resolution():
     in float32. Against the float64 step (float64 model) from the same state the fast path is off by the
     float32 rounding of the model's constants and of the state, amplified by the stiff Newton system (below
     1e-5 of scale; about 2e-6 here), the torch float32 step by its own round-off amplified likewise (up to
-    ~1e-3 of scale at the impact here, 3.4e-3 in the contact friction force on an AVX-512 host, whose float32
-    kernels round differently). So the two float32 paths agree within 5e-3 of scale, and the fast path is the
-    more accurate one (against the float64 step, below)."""
+    ~1e-3 of scale at the impact here). So every output of the fast path stays within 1e-5 of the float64
+    step's, the two float32 paths agree within 2e-3 of scale, and where they do not (3.4e-3 in the contact
+    friction force on an AVX-512 host, whose float32 kernels round differently) the gap is the torch step's
+    own: it is that far from the float64 step itself."""
     path = ROBOTS["g1"]()
     kw = {"drive_stiffness": 200.0, "drive_damping": 10.0, "effort_limit": 40.0}
     model, model64 = _model(path, dtype=torch.float32, **kw), _model(path, **kw)
@@ -184,8 +185,15 @@ def test_float32_models_agree_within_float32_resolution():
         contact = max(contact, float(rr.contact_normal_force.max()))
         worst = {f: _rel(getattr(rf, f), getattr(rr, f)) for f in FIELDS}
         worst["q"], worst["qd"] = _rel(rf.state.q, rr.state.q), _rel(rf.state.qd, rr.state.qd)
+        off64 = {}  # each float32 path against the float64 step, output by output
+        for res, key in ((rf, "fast"), (rr, "torch")):
+            off64[key] = {f: _rel(getattr(res, f).double(), getattr(re, f)) for f in FIELDS}
+            off64[key]["q"] = _rel(res.state.q.double(), re.state.q)
+            off64[key]["qd"] = _rel(res.state.qd.double(), re.state.qd)
         for k, v in worst.items():
-            assert v < 5e-3, (k, v)
+            assert off64["fast"][k] < 1e-5, (k, off64["fast"][k])  # every output: the float64 step, rounded
+            # the paths agree to 2e-3 of scale; a larger gap is the torch float32 step's own round-off
+            assert v < 2e-3 or off64["torch"][k] > 0.9 * v, (k, v, off64["torch"][k])
         state = rr.state
     assert contact > 50.0
     assert err_fast < 1e-5 and err_fast < err_torch, (err_fast, err_torch)

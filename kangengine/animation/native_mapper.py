@@ -268,10 +268,14 @@ class _Builder:
         out = [b.fsub(self.splat(0.0), t) if sg < 0 else t for t, sg in zip(out, signs)]
         return out, middle, b.fadd(ab2, cd2)
 
+    def alpha(self, t2, phi):
+        """``|wrap(t2 - phi)|``: the middle angle's distance from the Davenport phase."""
+        return self.call(self.fabs, self.wrap(self.b.fsub(t2, self.splat(phi))))
+
     def pairing(self, t1, t2, t3, prev, phi):
         """``(cross <_W x i1>, alpha)``: the crossed pairing of this frame with ``prev = (t1, alpha, t3)``."""
         b, sp = self.b, self.splat
-        alpha = self.call(self.fabs, self.wrap(b.fsub(t2, sp(phi))))
+        alpha = self.alpha(t2, phi)
         d1 = self.call(self.fabs, self.wrap(b.fsub(t1, prev[0])))
         d13 = b.fadd(d1, self.call(self.fabs, self.wrap(b.fsub(t3, prev[2]))))
         da = b.fsub(alpha, prev[1])
@@ -911,7 +915,7 @@ class _FusedEmitter:
     def pair_out(self, cur):
         """16-lane carried values -> 8 lanes: the later frame's, the halves' sum, min or max."""
         b = self.b
-        lo, hi = (_Builder(self.ir, self.mod, b, self.T, _W).mask(range(i, i + _W)) for i in (0, _W))
+        lo, hi = self.B8.mask(range(_W)), self.B8.mask(range(_W, 2 * _W))
         out = []
         for r, v in enumerate(cur):
             kind = self._slot_kind(r)
@@ -1099,7 +1103,7 @@ class _FusedEmitter:
 
     def branch0(self, ch, cur):
         """Branch-0 angles, cost difference, crossing flag, ``alpha`` and the bad flags of this frame."""
-        b, B, sp, ir, spec = self.b, self.B, self.B.splat, self.ir, self.spec
+        b, B, ir, spec = self.b, self.B, self.ir, self.spec
         m, phi = len(ch), spec["phi"]
         if self.mode == 0:
             E = B  # float32 input: the angles in float32 arithmetic (8 lanes are half the work of doubles)
@@ -1111,12 +1115,8 @@ class _FusedEmitter:
             )
             flags = self.any_lane(b.or_(lock, b.fcmp_ordered("==", norm2, E.splat(0.0))))
             prev = cur[:3]
-            if self.pair:  # frame f + 1 pairs with frame f (alpha as branch_tests / pairing form it)
-                alpha = (
-                    b.fsub(sp(0.5 * math.pi), raw[1])
-                    if self.tait_bryan
-                    else B.call(B.fabs, B.wrap(b.fsub(raw[1], sp(phi))))
-                )
+            if self.pair:  # frame f + 1 pairs with frame f
+                alpha = self.tait_bryan_alpha(raw[1]) if self.tait_bryan else B.alpha(raw[1], phi)
                 prev = [self.before(cur[0], raw[0]), self.before(cur[1], alpha), self.before(cur[2], raw[2])]
             if self.tait_bryan:
                 dc, cr, alpha = self.branch_tests(raw, prev)
@@ -1131,7 +1131,7 @@ class _FusedEmitter:
             dc = B.widen(self.padded_load(b.gep(self.pdc, [krow]), ch[0], m, self.T))
             marks = self.padded_load(b.gep(self.pcr, [krow]), ch[0], m, self.I8)
             cr = b.icmp_unsigned("!=", marks, ir.Constant(self.I8V, [0] * self.W))
-            alpha = B.call(B.fabs, B.wrap(b.fsub(raw[1], sp(phi))))
+            alpha = B.alpha(raw[1], phi)
             flags = B.i64(0)
         return raw, dc, cr, alpha, flags
 
@@ -1139,6 +1139,10 @@ class _FusedEmitter:
     def tait_bryan(self) -> bool:
         """Distinct axes (``phi = pi/2``): the kernel's own middle angle is within ``pi/2 - 1e-3`` of 0."""
         return not _euler_plan(self.spec["order"])[4] and self.spec["phi"] == 0.5 * math.pi
+
+    def tait_bryan_alpha(self, t2):
+        """``alpha`` of a Tait-Bryan middle angle away from gimbal lock: ``|wrap(t2 - pi/2)| = pi/2 - t2``."""
+        return self.b.fsub(self.B.splat(0.5 * math.pi), t2)
 
     def branch_tests(self, raw, cur):
         """:meth:`_Builder.cost_difference` and :meth:`_Builder.pairing` of Tait-Bryan angles away from gimbal
@@ -1154,7 +1158,7 @@ class _FusedEmitter:
             b.fadd(b.fmul(b.fadd(b.fadd(a1, a3), a2), sp(-2.0), flags=_FMA), sp(3.0 * math.pi), flags=_FMA),
             sp(self.spec["weight"]),
         )
-        alpha = b.fsub(sp(0.5 * math.pi), t2)
+        alpha = self.tait_bryan_alpha(t2)
         two_pi = sp(2.0 * math.pi)
 
         def step(x, p):
