@@ -7,8 +7,11 @@ Unitree G1 (29 single hinges + free root), against two scipy peers measured in t
   branch choice, unwrapping, limits, velocities or residuals), float64 as scipy computes;
 - a per-frame scipy loop (what motion libraries do: one ``Rotation.as_euler`` call per frame over all bodies).
 
-Ours is timed twice: the default (the native llvmlite kernels of ``kangengine.animation.native_mapper`` where
-they apply: the SMPL humanoid's x/y/z triplets) and the numpy reference path (``mapper.use_native = False``).
+Ours is timed three ways: the default (the native llvmlite kernels of ``kangengine.animation.native_mapper`` where
+they apply: the SMPL humanoid's x/y/z triplets; the outputs' memory from the output pool of ``kangengine._buffers``,
+which reuses the blocks of results the caller has dropped), the same with the pool off (every call's ``q`` and
+``qd`` fresh pages the kernel must zero, as the first call of a process or a caller keeping every result sees it),
+and the numpy reference path (``mapper.use_native = False``).
 
 One thread (numpy element-wise kernels, no thread pool). Wall time and CPU time (``time.process_time``), best and
 median of ``--repeats`` each, ours and the vectorised peer alternating call by call (so both see the load of the
@@ -35,6 +38,7 @@ from _common import DATA
 from scipy.spatial.transform import Rotation
 
 import kangengine as ke
+from kangengine import _buffers
 from kangengine import rotations as R
 from kangengine.asset import JointType
 
@@ -112,22 +116,27 @@ def _scipy_vectorised(layout, local):
     return run
 
 
-def _alternating(runs, repeats):
+def _alternating(runs, repeats, around=None):
     """``repeats`` rounds of the functions ``runs {name: fn}``, one call of each per round in turn (so each sees
     the machine's load of the same minutes); per name the ``[(wall, cpu), ...]`` seconds, the ``(user, system,
     minor page faults)`` of its fastest call (CPU) and its last result. A function's previous result is dropped
-    before it runs again, as a user's would be (not kept alive while the next one is computed)."""
+    before it runs again, as a user's would be (not kept alive while the next one is computed). ``around {name:
+    (before, after)}``: untimed calls just before and after that name's timed call."""
     times = {k: [] for k in runs}
     split = {k: (0.0, 0.0, 0, float("inf")) for k in runs}
     result = dict.fromkeys(runs)
     for _ in range(repeats):
         for name, fn in runs.items():
             result[name] = None
+            if around and name in around:
+                around[name][0]()
             o, f = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             w, c = time.perf_counter(), time.process_time()
             result[name] = fn()
             wall, cpu = time.perf_counter() - w, time.process_time() - c
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+            if around and name in around:
+                around[name][1]()
             times[name].append((wall, cpu))
             if cpu < split[name][3]:
                 split[name] = (os.times().user - o.user, os.times().system - o.system, faults, cpu)
@@ -176,11 +185,17 @@ def _run(name, rel, args):
     mapper.to_articulation_motion(motion[:2000])  # warm-up (builds or loads the native kernels)
 
     local = np.asarray(motion.local_rotation)
-    runs = {"ours": lambda: mapper.to_articulation_motion(motion), "scipy": _scipy_vectorised(layout, local)}
-    times, split, last = _alternating(runs, args.repeats)
+    ours = lambda: mapper.to_articulation_motion(motion)  # noqa: E731
+    runs = {"ours": ours, "fresh": ours, "scipy": _scipy_vectorised(layout, local)}
+    limit = _buffers.stats()["limit"]
+    pool_off = (lambda: _buffers.set_limit(0), lambda: _buffers.set_limit(limit))  # the pool's release untimed
+    times, split, last = _alternating(runs, args.repeats, around={"fresh": pool_off})
     result, euler = last["ours"], last["scipy"]
+    del last["fresh"]
     user, system, faults = split["ours"]
     (best_wall, best_cpu), (med_wall, med_cpu) = _stats(times["ours"])
+    (fr_wall, fr_cpu), (fr_med_wall, fr_med_cpu) = _stats(times["fresh"])
+    fr_user, fr_system, fr_faults = split["fresh"]
     (vec_wall, vec_cpu), (vec_med_wall, vec_med_cpu) = _stats(times["scipy"])
     mapper.use_native = False
     np_times, _, np_last = _alternating({"numpy": lambda: mapper.to_articulation_motion(motion)}, args.repeats)
@@ -216,18 +231,25 @@ def _run(name, rel, args):
         f"best run: user {user:.2f} s, system {system:.2f} s, {faults} page faults)"
     )
     print(
+        f"    the same, output pool off         : CPU {fr_cpu:7.3f} s (median {fr_med_cpu:7.3f})  wall "
+        f"{fr_wall:7.3f} s (median {fr_med_wall:7.3f})  (fresh pages every call; best run: user {fr_user:.2f} s, "
+        f"system {fr_system:.2f} s, {fr_faults} page faults)"
+    )
+    print(
         f"  kangengine, numpy reference path    : CPU {np_cpu:7.3f} s  wall {np_wall:7.3f} s  (native "
         f"{native_used or 'not applicable'} by default; max |q native - q numpy| {path_diff:.1e} rad)"
     )
     print(
         f"  memory floor ({nbytes / 1e6:,.0f} MB read + written): numpy copy into a fresh array CPU {floor_cpu:6.3f} s "
-        f"(wall {floor_wall:6.3f}), into a written one CPU {warm_cpu:6.3f} s; ours is {best_cpu / floor_cpu:4.1f}x "
-        f"the fresh-array floor; the fresh pages of q and qd alone CPU {fault_cpu:6.3f} s"
+        f"(wall {floor_wall:6.3f}), into a written one CPU {warm_cpu:6.3f} s; ours is {best_cpu / warm_cpu:4.1f}x "
+        f"the written-array floor (pool off: {fr_cpu / floor_cpu:4.1f}x the fresh-array one); the fresh pages of q "
+        f"and qd alone CPU {fault_cpu:6.3f} s"
     )
     print(
         f"  ratio vs vectorised scipy: {vec_cpu / best_cpu:5.2f}x CPU best of {args.repeats}, "
         f"{vec_med_cpu / med_cpu:5.2f}x CPU median, {vec_wall / best_wall:5.2f}x wall (target >= 20x; numpy path "
-        f"{vec_cpu / np_cpu:5.2f}x CPU); vs the per-frame loop {rate / base_fps:6.1f}x wall"
+        f"{vec_cpu / np_cpu:5.2f}x CPU); vs the per-frame loop {rate / base_fps:6.1f}x wall; output pool off "
+        f"{vec_cpu / fr_cpu:5.2f}x CPU best, {vec_med_cpu / fr_med_cpu:5.2f}x median"
     )
     print(
         f"  max |q - generating q|: kangengine {err:.1e} rad, scipy loop {err_base:.1e} rad; "

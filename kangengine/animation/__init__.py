@@ -1,5 +1,9 @@
-"""Skeletons, coordinate layouts, articulation motion and the shared forward kinematics."""
+"""Skeletons, coordinate layouts, articulation motion and the shared forward kinematics.
 
+``output_pool`` is the bounded pool of freed large output buffers the mapper's results come from
+(:mod:`kangengine._buffers`: ``set_limit``, ``stats``, ``release``)."""
+
+from .. import _buffers as output_pool
 from .layout import ArticulationCoordinateLayout, CoordinateBlock, forward_kinematics
 from .library import BodyState, Interpolation, MotionLibrary, MotionSample, PackedMotionBuffers
 from .mapper import ArticulationMotionMapper, CoordinatesResult, MappingResult, SkeletonOffsetWarning
@@ -27,4 +31,5 @@ __all__ = [
     "BodyState",
     "PackedMotionBuffers",
     "Interpolation",
+    "output_pool",
 ]

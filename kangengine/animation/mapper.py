@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _buffers
 from .. import rotations as R
 from .._deps import optional
 from ..asset.desc import JointType
@@ -1558,8 +1559,9 @@ class ArticulationMotionMapper:
         L = np.ascontiguousarray(L)
         if rt.strides[1] != rt.itemsize:
             rt = np.ascontiguousarray(rt)
-        q = np.empty((N, lay.nq), dtype=dt)
-        qd = np.empty((N, lay.nv), dtype=dt)
+        # every element written by the pass: memory of dropped results is reused (no fresh pages to zero)
+        q = _buffers.empty((N, lay.nq), dt)
+        qd = _buffers.empty((N, lay.nv), dt)
         flip = np.zeros(len(g.bodies), dtype=bool)
         redo: set = set()
         scratch: list = []
