@@ -962,7 +962,9 @@ class ArticulationMotionMapper:
             quaternions (free root, balls) are sign-continuous with ``w >= 0`` at frame 0.
             ``qd`` are central differences through ``layout.difference`` of the unwrapped path (the
             clamped one when clamping; one-sided at the ends; zeros for
-            a single frame).
+            a single frame). Large ``q`` and ``qd`` of the fused native pass (the SMPL humanoid) are written into
+            freed memory of earlier results when it fits (``ke.animation.output_pool``; ordinary writable arrays,
+            never memory another live array uses).
         """
         if not isinstance(skeleton_motion, SkeletonMotion):
             raise ShapeError(
