@@ -1575,8 +1575,7 @@ class ArticulationMotionMapper:
                 break
             flip = want
         step = 1.0 / float(fps)
-        qd[0] = lay.difference(q[1], q[0], step)
-        qd[-1] = lay.difference(q[-1], q[-2], step)
+        qd[[0, -1]] = lay.difference(q[[1, -1]], q[[0, -2]], step)  # both ends in one call (rows independent)
         nh = len(self._hinge_q)
         table = {}
         for name in ("min", "max", "count"):
@@ -1602,8 +1601,8 @@ class ArticulationMotionMapper:
         )
         args = (q, qd, fps, lay.model_signature)
         if kern.nonfinite(state):  # refused as ArticulationMotion refuses it, naming the frame and column
-            ArticulationMotion(*args, joint_names=lay.joint_names, metadata=meta)
-        motion = ArticulationMotion(*args, joint_names=lay.joint_names, metadata=meta, skip_checks=True)
+            ArticulationMotion(*args, joint_names=self._joint_names, metadata=meta)
+        motion = ArticulationMotion(*args, joint_names=self._joint_names, metadata=meta, skip_checks=True)
         return MappingResult(motion=motion, residual_angles=residual, clamped=clamped)
 
     def _fused_pass(self, kern, g, L, rt, q, qd, flip, state, fps, redo: set, scratch: list) -> set:
