@@ -7,14 +7,14 @@ Why: an array of more than a few MB is its own ``mmap`` (glibc hands blocks abov
 0.08 s of system time for the 634 MB of ``q`` and ``qd``, a third of the whole mapping; written again, the same
 memory costs nothing extra. Allocators keep freed memory for this reason (glibc for small blocks, jemalloc,
 PyTorch's CUDA caching allocator); this pool does it for the large outputs of the passes that write every
-element of their arrays (:func:`empty`) or zero them before use (:func:`zeros`).
+element of their arrays (:func:`empty`).
 
 How: each handed-out array is a view of a block (a numpy ``uint8`` array) through a fresh ``np.frombuffer`` array;
 when the last view of that array dies (the caller dropped the result and every array derived from it), a
 finalizer puts the block back on the free list. A block is never handed out while any view of it lives. The free
 list holds at most :func:`set_limit` bytes (default: the smaller of 2 GiB and an eighth of physical memory, or
 ``KANGENGINE_OUTPUT_POOL_BYTES``); past it the oldest blocks are let go. Requests under 4 MiB are plain
-``np.empty``/``np.zeros`` (glibc already reuses those). A request takes the smallest free block that holds it and
+``np.empty`` (glibc already reuses those). A request takes the smallest free block that holds it and
 is at most twice its size.
 """
 
@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["empty", "zeros", "set_limit", "stats", "release"]
+__all__ = ["empty", "set_limit", "stats", "release"]
 
 _MIN_BYTES = 4 << 20
 # reentrant: a finalizer (a dropped result) may run on this thread while it holds the lock, when an allocation
@@ -58,21 +58,26 @@ def _default_limit() -> int:
 _limit = _default_limit()
 
 
+def _trim() -> None:
+    """Let the oldest freed blocks go until what is held fits the limit (the caller holds the lock)."""
+    held = sum(b.nbytes for b in _free)
+    while _free and held > _limit:
+        held -= _free.pop(0).nbytes
+        _counts["dropped"] += 1
+
+
 def _give_back(block: np.ndarray) -> None:
     """Finalizer of a handed-out view: the block joins the free list (the oldest let go past the limit)."""
     with _lock:
-        if block.nbytes > _limit:
+        if block.nbytes > _limit:  # could never be held: the blocks held stay
             _counts["dropped"] += 1
             return
         _free.append(block)
-        held = sum(b.nbytes for b in _free)
-        while held > _limit:
-            held -= _free.pop(0).nbytes
-            _counts["dropped"] += 1
+        _trim()
 
 
-def _take(nbytes: int, zero: bool) -> np.ndarray:
-    """A block of at least ``nbytes`` (at most twice that when reused), its first ``nbytes`` zero if ``zero``."""
+def _take(nbytes: int) -> np.ndarray:
+    """A block of at least ``nbytes``: a freed one at most twice that size when one is held, else fresh."""
     block = None
     with _lock:
         for b in _free:
@@ -83,11 +88,7 @@ def _take(nbytes: int, zero: bool) -> np.ndarray:
                 del _free[i]
                 break
         _counts["fresh" if block is None else "reused"] += 1
-    if block is None:
-        return (np.zeros if zero else np.empty)(nbytes, dtype=np.uint8)
-    if zero:
-        block[:nbytes] = 0
-    return block
+    return np.empty(nbytes, dtype=np.uint8) if block is None else block
 
 
 def _request(shape, dtype) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -114,17 +115,7 @@ def empty(shape, dtype) -> np.ndarray:
     shape, dtype, nbytes = _request(shape, dtype)
     if nbytes < _MIN_BYTES or _limit == 0:
         return np.empty(shape, dtype=dtype)
-    return _view(_take(nbytes, False), nbytes, shape, dtype)
-
-
-def zeros(shape, dtype) -> np.ndarray:
-    """``np.zeros(shape, dtype)``, from a freed block (zeroed in user space, several times faster than the kernel
-    zeroes fresh pages) when one fits; for arrays the caller writes anyway (untouched ``np.zeros`` pages cost
-    nothing, so arrays that mostly stay zero should not come from here)."""
-    shape, dtype, nbytes = _request(shape, dtype)
-    if nbytes < _MIN_BYTES or _limit == 0:
-        return np.zeros(shape, dtype=dtype)
-    return _view(_take(nbytes, True), nbytes, shape, dtype)
+    return _view(_take(nbytes), nbytes, shape, dtype)
 
 
 def set_limit(nbytes: int) -> int:
@@ -137,10 +128,7 @@ def set_limit(nbytes: int) -> int:
         raise FormatError(f"output pool limit {nbytes}; expected 0 or more bytes", item="output pool")
     with _lock:
         previous, _limit = _limit, int(nbytes)
-        held = sum(b.nbytes for b in _free)
-        while _free and held > _limit:
-            held -= _free.pop(0).nbytes
-            _counts["dropped"] += 1
+        _trim()
     return previous
 
 
